@@ -1,0 +1,235 @@
+"""The contract between an engine (simulated or real) and a scheduling policy.
+
+A policy is the engine's brain without a clock: it owns the queues and its KV memory, and each
+call to :meth:`Policy.schedule` returns one :class:`StepPlan` (which requests run this step and
+how many tokens each computes). The engine then spends the step's time, emits one token for
+every scheduled request whose prompt (plus earlier outputs) is fully computed, decides which
+requests are done, and hands them back through :meth:`Policy.finish_step`.
+
+Like vLLM's scheduler, a policy advances ``num_computed_tokens`` *when it schedules* a step, not
+when the step completes. A policy never learns how many tokens a request will really generate:
+:class:`Request` has ``max_tokens`` (the client's limit) but no ``output_tokens``.
+
+Nothing here imports SimPy, torch or ``sim``: the simulator and calib's real engine drive the
+same objects.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # recompute victim, back in the waiting queue
+    SWAPPED = "swapped"  # blocks copied to the CPU pool, waiting to be swapped back in
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+class Request:
+    """What a scheduler knows about one request.
+
+    Prompt content is described as *runs*: ``prompt_runs`` is a tuple of ``(key, length)``;
+    token ``i`` of a run has the identity ``(key, i)``. Two prompts whose runs agree on their
+    first ``t`` tokens share those ``t`` tokens, which is all prefix caching needs to know.
+    Generated token ``j`` has the identity ``(output_key, j)``: unique per request unless two
+    requests are exact duplicates (greedy decoding of identical prompts).
+    """
+
+    __slots__ = (
+        "id",
+        "arrival_s",
+        "prompt_tokens",
+        "max_tokens",
+        "priority",
+        "prompt_runs",
+        "output_key",
+        "num_output_tokens",
+        "num_computed_tokens",
+        "status",
+        "num_preemptions",
+        "num_swaps",
+        "reject_reason",
+        "seq",
+        "policy_state",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        arrival_s: float,
+        prompt_tokens: int,
+        max_tokens: int,
+        priority: int = 0,
+        prompt_runs: tuple[tuple[Any, int], ...] | None = None,
+        output_key: Any = None,
+        seq: int = 0,
+    ) -> None:
+        self.id = id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.priority = priority
+        self.prompt_runs = prompt_runs if prompt_runs is not None else ((("req", id), prompt_tokens),)
+        self.output_key = output_key if output_key is not None else ("out", id)
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.status = Status.WAITING
+        self.num_preemptions = 0
+        self.num_swaps = 0
+        self.reject_reason: str | None = None
+        self.seq = seq  # arrival order, for stable tie-breaking
+        self.policy_state: Any = None  # free slot for a policy's per-request bookkeeping
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus the tokens generated so far (what a recompute must prefill again)."""
+        return self.prompt_tokens + self.num_output_tokens
+
+    @property
+    def is_prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.num_tokens
+
+    def __repr__(self) -> str:
+        return f"Request({self.id}, {self.status.value}, computed={self.num_computed_tokens}/{self.num_tokens})"
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step's decision. Lists of scheduled requests are in batch order."""
+
+    scheduled: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)  # tokens already in KV before this step
+    admitted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    rejected: list[Request] = field(default_factory=list)
+    swapped_out: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    # static batching pays for padding: dummy tokens the batch still computes (prompts padded
+    # to the longest, finished members' slots) and the context those dummies attend to
+    padding_tokens: int = 0
+    padding_context: int = 0
+    prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
+
+    def add(self, req: Request, n: int, context: int) -> None:
+        self.scheduled.append(req)
+        self.num_new_tokens.append(n)
+        self.context.append(context)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_new_tokens) + self.padding_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.swap_out_blocks and not self.swap_in_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """Engine-wide settings every policy reads (scenario key ``engine`` plus the KV pool size)."""
+
+    block_size: int = 16
+    num_gpu_blocks: int = 1000  # usable blocks (the null block is not counted)
+    num_cpu_blocks: int = 0  # swap pool
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One documented policy setting, with the engine's own default."""
+
+    default: Any
+    help: str
+    type: type = int
+
+
+class Policy:
+    """Base class of all scheduling policies.
+
+    Subclasses set ``name``, ``summary`` and ``KNOBS`` and implement ``add_request``,
+    ``schedule``, ``finish_step`` and the KV statistics.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    KNOBS: ClassVar[dict[str, Knob]] = {}
+    uses_token_budget: ClassVar[bool] = True
+
+    def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
+        unknown = set(knobs) - set(self.KNOBS)
+        if unknown:
+            raise ValueError(
+                f"policy {self.name!r} has no setting(s) {sorted(unknown)}; "
+                f"its settings are {sorted(self.KNOBS)}"
+            )
+        self.limits = limits
+        self.knobs = {k: knobs.get(k, knob.default) for k, knob in self.KNOBS.items()}
+
+    # --- driven by the engine -------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        raise NotImplementedError
+
+    def schedule(self) -> StepPlan:
+        raise NotImplementedError
+
+    def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
+        """Release what ``finished`` (in batch order) held; called after tokens are emitted."""
+        raise NotImplementedError
+
+    # --- what the engine and metrics read -------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_waiting(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def max_slots(self) -> int:
+        """The denominator of slot utilization."""
+        return self.limits.max_num_seqs
+
+    def has_work(self) -> bool:
+        return self.num_running > 0 or self.num_waiting > 0
+
+    def kv_blocks_used(self) -> int:
+        raise NotImplementedError
+
+    def kv_blocks_total(self) -> int:
+        return self.limits.num_gpu_blocks
+
+    def kv_tokens_reserved_and_used(self) -> tuple[int, int]:
+        """(token slots reserved in KV memory, tokens actually stored) for the waste metric."""
+        raise NotImplementedError
+
+    def cpu_blocks_used(self) -> int:
+        return 0
+
+    def drain(self) -> list[Request]:
+        """Every request still held (running, waiting, swapped), for end-of-run accounting."""
+        raise NotImplementedError
+
+
+def emit_tokens(plan: StepPlan) -> list[Request]:
+    """Apply a finished step: each scheduled request whose prompt (plus earlier outputs, after a
+    recompute) is fully computed samples one token. Returns those requests in batch order.
+
+    A request still mid-prefill gets no token (vLLM discards its sampled token).
+    """
+    emitted = []
+    for req in plan.scheduled:
+        if req.num_computed_tokens >= req.num_tokens:
+            req.num_output_tokens += 1
+            emitted.append(req)
+    return emitted

@@ -1,0 +1,187 @@
+"""Per-request paged KV bookkeeping on top of a :class:`BlockPool`, as vLLM 0.32's ``KVCacheManager``.
+
+A request holds a list of block ids (its block table); block ``i`` stores tokens
+``[i * block_size, (i + 1) * block_size)``. The scheduler asks three questions of this object,
+and the answers below are vLLM's (``v1/core/kv_cache_manager.py``,
+``single_type_kv_cache_manager.py``), because they decide who runs and who is preempted:
+
+* :meth:`PagedKVManager.get_computed_blocks`: the prefix-cache hit of a request that holds no
+  blocks yet: the longest run of cached full blocks from the start, capped at
+  ``num_tokens - 1`` tokens rounded down to whole blocks (the last token is always computed
+  again, so a request whose prompt is one full hit recomputes its whole last block).
+* :meth:`PagedKVManager.allocate_slots`: can the request get slots for ``num_new`` more tokens?
+  Admission (waiting or preempted requests while others run) keeps ``watermark_blocks`` free.
+  With ``full_sequence_must_fit`` the whole current sequence (prompt plus earlier outputs) must
+  fit the free queue too, not just the first chunk. Cache hits that sit in the free queue
+  (reference count 0) count as blocks to allocate, since taking them shrinks the free queue.
+  On success the full blocks are registered in the prefix cache at once (at *schedule* time,
+  so a request admitted later in the same step can already hit them).
+* :meth:`PagedKVManager.free`: give every block back, tail first.
+"""
+
+from __future__ import annotations
+
+from policies.base import Request, Status
+from policies.kv.block_pool import BlockPool
+from policies.prefix_hash import BlockHasher, RequestBlockHashes
+
+_ADMITTING = (Status.WAITING, Status.PREEMPTED)
+
+
+class _ReqKV:
+    __slots__ = ("blocks", "num_cached_blocks", "hashes")
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []
+        self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
+        self.hashes: RequestBlockHashes | None = None  # kept across preemptions, like vLLM's
+
+
+class PagedKVManager:
+    """Block tables for every request of one policy, on one pool of ``num_usable_blocks``.
+
+    ``watermark`` is a fraction of the pool *including* the null block, as in vLLM 0.32:
+    ``watermark_blocks = int(watermark * (num_usable_blocks + 1))``.
+    """
+
+    def __init__(
+        self,
+        num_usable_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = False,
+        watermark: float = 0.0,
+    ) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_usable_blocks, enable_caching)
+        self.watermark_blocks = int(watermark * (num_usable_blocks + 1))
+        self.hasher = BlockHasher(block_size) if enable_caching else None
+        self._reqs: dict[Request, _ReqKV] = {}
+        self._held_blocks = 0  # sum of block-table lengths (a shared block counts once per holder)
+
+    # --- what the policy reads -------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_used
+
+    @property
+    def held_token_slots(self) -> int:
+        """Token slots in the block tables of all requests (a shared block counts per holder)."""
+        return self._held_blocks * self.block_size
+
+    def blocks_of(self, req: Request) -> list[int]:
+        st = self._reqs.get(req)
+        return list(st.blocks) if st else []
+
+    def _state(self, req: Request) -> _ReqKV:
+        st = self._reqs.get(req)
+        if st is None:
+            st = self._reqs[req] = _ReqKV()
+        return st
+
+    def _hashes(self, req: Request, st: _ReqKV) -> RequestBlockHashes:
+        if st.hashes is None:
+            st.hashes = self.hasher.new_request(req.prompt_runs, req.prompt_tokens, req.output_key)
+        return st.hashes
+
+    # --- prefix cache -----------------------------------------------------------------------
+    def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
+        """Cached blocks for a request that holds none, and the number of tokens they cover."""
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        if max_blocks <= 0:
+            return [], 0
+        st = self._state(req)
+        rh = self._hashes(req, st)
+        hasher, pool = self.hasher, self.pool
+        hits: list[int] = []
+        for i in range(max_blocks):  # hashes are computed only as far as the hit reaches
+            b = pool.get_cached_block(hasher.hash_at(rh, i))
+            if b is None:
+                break
+            hits.append(b)
+        return hits, len(hits) * self.block_size
+
+    # --- allocation -------------------------------------------------------------------------
+    def _blocks_to_allocate(self, st: _ReqKV, num_tokens: int, new_computed_blocks: list[int]) -> int:
+        required = -(-num_tokens // self.block_size)
+        new = max(required - len(new_computed_blocks) - len(st.blocks), 0)
+        if new_computed_blocks:
+            ref = self.pool.ref_cnt
+            new += sum(1 for b in new_computed_blocks if ref[b] == 0)
+        return new
+
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: list[int] | None = None,
+        full_sequence_must_fit: bool = False,
+        has_scheduled_reqs: bool = True,
+    ) -> list[int] | None:
+        """Slots for ``num_new_tokens`` more tokens (after ``num_new_computed_tokens`` cache hits).
+
+        Returns the newly allocated block ids (possibly empty), or None when they do not fit;
+        then nothing has changed.
+        """
+        st = self._state(req)
+        hits = new_computed_blocks or []
+        local_computed = req.num_computed_tokens + num_new_computed_tokens
+        wm = self.watermark_blocks if (has_scheduled_reqs and req.status in _ADMITTING) else 0
+        free = self.pool.num_free
+        if full_sequence_must_fit:
+            whole = min(req.num_tokens, self.max_model_len)
+            if self._blocks_to_allocate(st, whole, hits) + wm > free:
+                return None
+        tokens_need_slot = min(local_computed + num_new_tokens, self.max_model_len)
+        if self._blocks_to_allocate(st, tokens_need_slot, hits) + wm > free:
+            return None
+
+        if not st.blocks:  # a new or resumed request: its hits are already registered
+            st.num_cached_blocks = len(hits)
+        if hits:
+            self.pool.touch(hits)
+            st.blocks.extend(hits)
+            self._held_blocks += len(hits)
+        n_new = -(-tokens_need_slot // self.block_size) - len(st.blocks)
+        new_blocks = self.pool.get_new_blocks(n_new) if n_new > 0 else []
+        if new_blocks:
+            st.blocks.extend(new_blocks)
+            self._held_blocks += n_new
+        if self.enable_caching:
+            self._cache_blocks(req, st, min(local_computed + num_new_tokens, req.num_tokens))
+        return new_blocks
+
+    def _cache_blocks(self, req: Request, st: _ReqKV, num_tokens: int) -> None:
+        num_full = num_tokens // self.block_size
+        if num_full <= st.num_cached_blocks:
+            return
+        hashes = self.hasher.extend(self._hashes(req, st), num_full)
+        blocks, pool = st.blocks, self.pool
+        for i in range(st.num_cached_blocks, num_full):
+            pool.cache_block(blocks[i], hashes[i])
+        st.num_cached_blocks = num_full
+
+    # --- freeing ----------------------------------------------------------------------------
+    def free(self, req: Request) -> None:
+        """Give back every block the request holds, tail first (preemption or finish)."""
+        st = self._reqs.get(req)
+        if st is None or not st.blocks:
+            return
+        self.pool.free_blocks(reversed(st.blocks))
+        self._held_blocks -= len(st.blocks)
+        st.blocks = []
+        st.num_cached_blocks = 0
+
+    def release(self, req: Request) -> None:
+        """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
+        self.free(req)
+        self._reqs.pop(req, None)

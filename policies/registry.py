@@ -1,0 +1,27 @@
+"""Every policy by name, and the one way to build a policy from a scenario's policy entry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.base import EngineLimits, Policy
+from policies.orca import OrcaPolicy
+from policies.sarathi import SarathiPolicy
+from policies.static import StaticPolicy
+from policies.vllm_v0 import VllmV0Policy
+from policies.vllm_v1 import VllmV1Policy
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (
+        StaticPolicy,
+        OrcaPolicy,
+        VllmV1Policy,
+        VllmV0Policy,
+        SarathiPolicy,
+    )
+}
+
+
+def make_policy(name: str, limits: EngineLimits, **knobs: Any) -> Policy:
+    return POLICIES[name](limits, **knobs)

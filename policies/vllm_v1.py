@@ -1,0 +1,364 @@
+"""vLLM V1's scheduler (vLLM 0.32.0, synchronous ``Scheduler``), step for step.
+
+There is no prefill or decode phase in V1: each step lets every request's
+``num_computed_tokens`` catch up with its ``num_tokens`` (prompt plus generated tokens) under a
+token budget. One call to :meth:`VllmV1Policy.schedule` does what ``Scheduler.schedule()`` does
+(reference/schedulers.md §1.3-1.6, with the 0.32 corrections):
+
+1. **Running requests first, in list order.** Each gets ``num_tokens - num_computed_tokens``
+   tokens (a decode is 1, an unfinished prompt is the rest of it), capped by
+   ``long_prefill_token_threshold`` (only when more than one request is running or waiting),
+   by the remaining budget and by ``max_model_len - num_computed_tokens - 1``. When its blocks
+   do not fit, requests are preempted (recompute: all blocks freed, ``num_computed_tokens = 0``,
+   back to the *front* of the waiting queue) until they do: ``running[-1]`` under FCFS, the
+   worst ``(priority, arrival)`` running request under the priority policy (a victim already
+   scheduled this step gives its tokens back). If the request had to preempt itself, the running
+   pass stops there.
+2. **Waiting requests, only if nothing was preempted in this step**, in queue order (FCFS: a
+   deque; priority: lowest ``(priority, arrival)`` first) while the budget and ``max_num_seqs``
+   allow. Each looks up the prefix cache, asks for slots with the full-sequence admission gate and
+   the watermark, and the first one that does not fit stops admission (head-of-line blocking).
+3. ``num_computed_tokens`` advances at schedule time for every scheduled request.
+
+:meth:`VllmV1Policy.finish_step` frees finished requests one at a time in batch order, each one's
+blocks tail first: with prefix caching this order is the eviction order.
+
+Where vLLM would wait forever, this policy rejects instead (``Status.REJECTED`` with a reason, in
+``StepPlan.rejected``): a prompt of ``max_model_len`` tokens or more (vLLM refuses longer ones at
+``add_request``; one of exactly ``max_model_len`` could never be given its last token under the
+cap above), a prompt needing more blocks than the whole pool, a lone running request that
+cannot grow even with the whole pool free, and, with chunked prefill off, a prefill longer than
+the whole token budget (vLLM refuses such a config: it requires
+``max_num_batched_tokens >= max_model_len`` then). None of these happens in a run vLLM completes, so
+rejection never changes a decision vLLM makes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any
+
+from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
+from policies.kv.paged import PagedKVManager
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+class VllmV1Policy(Policy):
+    name = "vllm-v1"
+    summary = (
+        "vLLM V1 (0.32): token budget, running requests first, chunked prefill, "
+        "full-prompt admission gate, LIFO recompute preemption, paged KV with prefix caching"
+    )
+    KNOBS = {
+        "watermark": Knob(
+            0.0,
+            "fraction of the KV pool (null block included) kept free when admitting a request "
+            "while others run",
+            float,
+        ),
+        "long_prefill_token_threshold": Knob(
+            0,
+            "cap on one request's prefill chunk per step when more than one request is "
+            "running or waiting (0 = no cap)",
+            int,
+        ),
+        "scheduling_policy": Knob(
+            "fcfs",
+            "fcfs: arrival order, preempt the newest running request; priority: lower "
+            "`priority` value first (ties by arrival), preempt the worst",
+            str,
+        ),
+        "enable_prefix_caching": Knob(
+            False,
+            "reuse cached full KV blocks of identical prefixes (LRU eviction through the free queue)",
+            bool,
+        ),
+        "scheduler_reserve_full_isl": Knob(
+            True,
+            "admit a waiting request only if its whole prompt (plus earlier outputs) fits the "
+            "free blocks, not just its first chunk",
+            bool,
+        ),
+        "enable_chunked_prefill": Knob(
+            True,
+            "split prompts across steps to fit the token budget; off: a prompt that does not "
+            "fit the remaining budget waits",
+            bool,
+        ),
+    }
+
+    def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
+        super().__init__(limits, **knobs)
+        k = self.knobs
+        if not 0.0 <= float(k["watermark"]) < 1.0:
+            raise ValueError(f"vllm-v1 watermark must be in [0, 1), got {k['watermark']}")
+        if int(k["long_prefill_token_threshold"]) < 0:
+            raise ValueError(
+                f"vllm-v1 long_prefill_token_threshold must be >= 0, got {k['long_prefill_token_threshold']}"
+            )
+        if k["scheduling_policy"] not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"vllm-v1 scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, "
+                f"got {k['scheduling_policy']!r}"
+            )
+        self._priority = k["scheduling_policy"] == "priority"
+        self._threshold = int(k["long_prefill_token_threshold"])
+        self._reserve_full_isl = bool(k["scheduler_reserve_full_isl"])
+        self._chunked = bool(k["enable_chunked_prefill"])
+        self.kv = PagedKVManager(
+            limits.num_gpu_blocks,
+            limits.block_size,
+            limits.max_model_len,
+            enable_caching=bool(k["enable_prefix_caching"]),
+            watermark=float(k["watermark"]),
+        )
+        self.running: list[Request] = []
+        self._fifo: deque[Request] = deque()  # FCFS waiting queue
+        self._heap: list[tuple] = []  # priority waiting queue
+        self._pushes = 0
+        self._rejected: list[Request] = []  # rejected since the last plan, reported by the next one
+        self._stored_tokens = 0  # sum of num_computed_tokens over requests holding blocks
+
+    # --- waiting queue ----------------------------------------------------------------------
+    def _push_waiting(self, req: Request, front: bool = False) -> None:
+        if self._priority:  # "prepend" is a push: the heap decides
+            self._pushes += 1
+            heapq.heappush(self._heap, (req.priority, req.arrival_s, req.seq, self._pushes, req))
+        elif front:
+            self._fifo.appendleft(req)
+        else:
+            self._fifo.append(req)
+
+    def _peek_waiting(self) -> Request | None:
+        if self._priority:
+            return self._heap[0][-1] if self._heap else None
+        return self._fifo[0] if self._fifo else None
+
+    def _pop_waiting(self) -> None:
+        if self._priority:
+            heapq.heappop(self._heap)
+        else:
+            self._fifo.popleft()
+
+    def waiting_requests(self) -> list[Request]:
+        """The waiting queue in the order it would be served."""
+        if self._priority:
+            return [e[-1] for e in sorted(self._heap)]
+        return list(self._fifo)
+
+    # --- engine protocol --------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        lim = self.limits
+        if req.prompt_tokens >= lim.max_model_len:
+            self._reject(
+                req,
+                f"prompt of {req.prompt_tokens} tokens leaves no room for an output token "
+                f"within max_model_len {lim.max_model_len}",
+            )
+            return
+        need = -(-req.prompt_tokens // lim.block_size)
+        if need > lim.num_gpu_blocks:
+            self._reject(
+                req,
+                f"prompt of {req.prompt_tokens} tokens needs {need} KV blocks; "
+                f"the whole pool has {lim.num_gpu_blocks}",
+            )
+            return
+        if not self._chunked and req.prompt_tokens > lim.max_num_batched_tokens:
+            self._reject(
+                req,
+                f"prompt of {req.prompt_tokens} tokens exceeds max_num_batched_tokens "
+                f"{lim.max_num_batched_tokens} and enable_chunked_prefill is off",
+            )
+            return
+        req.status = Status.WAITING
+        self._push_waiting(req)
+
+    def _reject(self, req: Request, reason: str) -> None:
+        self.kv.release(req)
+        req.status = Status.REJECTED
+        req.reject_reason = reason
+        self._rejected.append(req)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        self._stored_tokens -= req.num_computed_tokens
+        req.status = Status.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self._push_waiting(req, front=True)
+
+    def schedule(self) -> StepPlan:
+        lim, kv = self.limits, self.kv
+        plan = StepPlan()
+        if self._rejected:
+            plan.rejected, self._rejected = self._rejected, []
+        running = self.running
+        token_budget = lim.max_num_batched_tokens
+        n_waiting = len(self._heap) if self._priority else len(self._fifo)
+        thr = self._threshold if len(running) + n_waiting > 1 else 0
+        sched: list[Request] = []
+        sched_n: list[int] = []
+        preempted = plan.preempted
+
+        # Phase A: running requests, in list order
+        i = 0
+        while i < len(running) and token_budget > 0:
+            r = running[i]
+            n = r.num_tokens - r.num_computed_tokens
+            if 0 < thr < n:
+                n = thr
+            n = min(n, token_budget, lim.max_model_len - r.num_computed_tokens - 1)
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                blocks = kv.allocate_slots(r, n)
+                if blocks is not None:
+                    break
+                if self._priority:
+                    victim = max(running, key=_priority_key)  # max keeps the first of ties
+                    vi = running.index(victim)
+                    del running[vi]
+                    if vi < i:
+                        i -= 1
+                        j = sched.index(victim) if victim in sched else -1
+                        if j >= 0:  # already scheduled this step: give its tokens back
+                            token_budget += sched_n[j]
+                            del sched[j], sched_n[j]
+                else:
+                    victim = running.pop()
+                if victim is r and not running:
+                    # alone, with every other block free, and still does not fit: never will
+                    self._stored_tokens -= r.num_computed_tokens
+                    r.num_computed_tokens = 0
+                    self._reject(
+                        r,
+                        f"needs more than the whole KV pool ({lim.num_gpu_blocks} blocks of "
+                        f"{lim.block_size} tokens) at {r.num_tokens} tokens",
+                    )
+                    break
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is r:
+                    break
+            if blocks is None:
+                break
+            sched.append(r)
+            sched_n.append(n)
+            token_budget -= n
+            i += 1
+
+        # Phase B: waiting requests, only if nothing was preempted
+        if not preempted:
+            while token_budget > 0:
+                r = self._peek_waiting()
+                if r is None or len(running) >= lim.max_num_seqs:
+                    break
+                if r.num_computed_tokens == 0:
+                    hits, n_cached = kv.get_computed_blocks(r)
+                else:
+                    hits, n_cached = [], 0
+                num_computed = r.num_computed_tokens + n_cached
+                n = r.num_tokens - num_computed
+                if 0 < thr < n:
+                    n = thr
+                if not self._chunked and n > token_budget:
+                    if n > lim.max_num_batched_tokens:  # a resumed request that grew past the budget
+                        self._pop_waiting()
+                        self._reject(
+                            r,
+                            f"needs a {n}-token prefill, more than max_num_batched_tokens "
+                            f"{lim.max_num_batched_tokens}, with enable_chunked_prefill off",
+                        )
+                        continue
+                    break
+                n = min(n, token_budget)
+                blocks = kv.allocate_slots(
+                    r,
+                    n,
+                    n_cached,
+                    hits,
+                    full_sequence_must_fit=self._reserve_full_isl,
+                    has_scheduled_reqs=bool(running),
+                )
+                if blocks is None:
+                    break
+                self._pop_waiting()
+                running.append(r)
+                if r.status is Status.WAITING:
+                    plan.admitted.append(r)
+                    if n_cached:
+                        plan.prefix_hit_tokens[r.id] = n_cached
+                r.status = Status.RUNNING
+                r.num_computed_tokens = num_computed
+                self._stored_tokens += n_cached
+                sched.append(r)
+                sched_n.append(n)
+                token_budget -= n
+
+        if self._rejected:  # found during this step
+            plan.rejected.extend(self._rejected)
+            self._rejected = []
+        # num_computed_tokens moves at schedule time, as in vLLM's _update_after_schedule
+        for r, n in zip(sched, sched_n):
+            plan.add(r, n, r.num_computed_tokens)
+            r.num_computed_tokens += n
+            self._stored_tokens += n
+        return plan
+
+    def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
+        if not finished:
+            return
+        for r in finished:  # batch order, each request's blocks tail first
+            self.kv.release(r)
+            self._stored_tokens -= r.num_computed_tokens
+            r.status = Status.FINISHED
+        done = {id(r) for r in finished}
+        self.running = [r for r in self.running if id(r) not in done]
+
+    # --- statistics -------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._heap) if self._priority else len(self._fifo)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or self.num_waiting > 0 or bool(self._rejected)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """vLLM's free-queue length: free blocks plus evictable cached ones."""
+        return self.kv.num_free_blocks
+
+    def kv_blocks_used(self) -> int:
+        """Blocks held by at least one request (evictable cached blocks count as free)."""
+        return self.kv.num_used_blocks
+
+    def kv_tokens_reserved_and_used(self) -> tuple[int, int]:
+        """(token slots in the block tables of requests, tokens computed into them).
+
+        Both count a shared prefix block once per request holding it, so the difference is the
+        unfilled tail of each request's last block.
+        """
+        return self.kv.held_token_slots, self._stored_tokens
+
+    def drain(self) -> list[Request]:
+        """Take out every request still held (running, then waiting) and free their blocks."""
+        out = self.running + self.waiting_requests()
+        for r in out:
+            self.kv.release(r)
+        self.running = []
+        self._fifo.clear()
+        self._heap.clear()
+        self._stored_tokens = 0
+        return out
+
+
+def _priority_key(r: Request) -> tuple[int, float]:
+    return (r.priority, r.arrival_s)

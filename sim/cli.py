@@ -1,0 +1,48 @@
+"""The ``cbsim`` command line: one typer app, one module per command in ``sim.commands``.
+
+Every command turns a :class:`sim.errors.CbsimError` into one clear line on stderr and exit
+code 2, and Ctrl-C into a one-line message and exit code 130: never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="cbsim",
+    help="Simulate LLM serving: schedulers, paged KV memory, latency from real GPU measurements.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def main() -> None:
+    from rich.console import Console
+
+    from sim import commands  # noqa: F401  (registers every command on `app`)
+    from sim.errors import CbsimError
+
+    err = Console(stderr=True)
+    try:
+        app(standalone_mode=False)
+    except CbsimError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted: nothing half-written was left behind", highlight=False)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # click usage errors and aborts
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.exceptions.Abort):
+            err.print("interrupted: nothing half-written was left behind", highlight=False)
+            sys.exit(130)
+        raise

@@ -1,0 +1,101 @@
+"""``cbsim run X.yaml``: simulate every policy of a scenario and compare them in one table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sim.cli import app
+
+
+def _fmt(v, scale: float = 1.0, digits: int = 3) -> str:
+    """Numbers a person reads at a glance: no exponents, thousands separated."""
+    if v is None:
+        return "-"
+    if not isinstance(v, float):
+        return str(v)
+    x = v * scale
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.{digits}g}"
+
+
+def comparison_table(result):
+    """The rich table `cbsim run` prints: one column per policy."""
+    from rich.table import Table
+
+    slo = result.scenario.slo
+    t = Table(title=f"{result.scenario.name}: {len(result.requests) // max(len(result.labels), 1)} requests",
+              header_style="bold")
+    t.add_column("metric")
+    for label in result.labels:
+        t.add_column(label, justify="right")
+    rows = [
+        ("finished / rejected / unfinished", lambda s: f"{s['requests_finished']} / {s['requests_rejected']} / {s['requests_unfinished']}"),
+        ("throughput (req/s)", lambda s: _fmt(s["throughput_rps"])),
+        ("output tokens/s", lambda s: _fmt(s["output_tps"], digits=4)),
+        ("goodput (req/s)", lambda s: _fmt(s["goodput_rps"])),
+        ("TTFT p50 / p99 (ms)", lambda s: f"{_fmt(s['ttft_s']['p50'], 1e3)} / {_fmt(s['ttft_s']['p99'], 1e3)}"),
+        ("TPOT p50 / p99 (ms)", lambda s: f"{_fmt(s['tpot_s']['p50'], 1e3)} / {_fmt(s['tpot_s']['p99'], 1e3)}"),
+        ("ITL p99 (ms)", lambda s: _fmt(s["itl_s"]["p99"], 1e3)),
+        ("E2E p50 / p99 (s)", lambda s: f"{_fmt(s['e2e_s']['p50'])} / {_fmt(s['e2e_s']['p99'])}"),
+        ("slot utilization", lambda s: _pct(s["utilization"]["slots"])),
+        ("KV utilization", lambda s: _pct(s["utilization"]["kv"])),
+        ("KV waste (reserved, unused)", lambda s: _pct(s["kv_waste"])),
+        ("mean running", lambda s: _fmt(s["mean_running"])),
+        ("MFU / MBU", lambda s: f"{_pct(s['utilization']['mfu'])} / {_pct(s['utilization']['mbu'])}"),
+        ("preemptions", lambda s: str(s["preemptions"])),
+        ("swapped blocks", lambda s: str(s["swapped_blocks"])),
+        ("steps", lambda s: str(s["steps"])),
+    ]
+    if slo is not None and any(getattr(slo, k) is not None for k in ("ttft_s", "tpot_s", "e2e_s")):
+        rows.append((f"meets SLO (p{slo.percentile:g})", lambda s: {True: "yes", False: "NO", None: "-"}[s["slo_met"]]))
+    for name, fn in rows:
+        t.add_row(name, *[fn(result.summaries[label]) for label in result.labels])
+    return t
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+@app.command("run")
+def run_cmd(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    policy: list[str] = typer.Option(None, "--policy", "-p", help="run only this policy label (repeatable)"),
+    set_: list[str] = typer.Option(None, "--set", help="override a field: a.b.c=value, policies.0.batch_size=16"),
+    out: Path = typer.Option(None, "--out", "-o", help="results folder (default: results/<scenario name>)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved scenario and workload statistics; simulate nothing"),
+    no_plots: bool = typer.Option(False, "--no-plots", help="skip writing PNG plots"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+):
+    """Simulate a scenario's policies on one workload; print a comparison table; write results."""
+    from rich.console import Console
+
+    from sim.runner import run
+    from sim.scenario import load_scenario
+
+    console = Console()
+    scn = load_scenario(scenario, list(set_ or []))
+    if dry_run:
+        from sim.kv_capacity import resolve_kv
+        from sim.workload import build_workload, workload_stats
+
+        console.print(scn.to_yaml(), highlight=False, markup=False)
+        stats = workload_stats(build_workload(scn))
+        gpu_blocks, cpu_blocks = resolve_kv(scn)
+        console.print("[bold]workload[/]")
+        for k, v in stats.items():
+            console.print(f"  {k}: {v}", highlight=False)
+        console.print(f"[bold]KV cache[/]: {gpu_blocks} GPU blocks of {scn.engine.block_size} tokens, "
+                      f"{cpu_blocks} CPU swap blocks", highlight=False)
+        return
+    result = run(scn, policies=policy or None, progress=not quiet)
+    console.print(comparison_table(result))
+    target = out or Path("results") / scn.name
+    result.save(target, plots=not no_plots)
+    console.print(f"results: {target}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"
+                  f"{', plots' if not no_plots else ''})", highlight=False)

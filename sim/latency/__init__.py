@@ -1,0 +1,30 @@
+"""Latency models: how long a step takes, and how long a swap takes.
+
+Every backend implements :class:`LatencyModel`: ``step_time(plan)`` from the step's composition
+(:class:`StepShape`) and ``swap_time(blocks)`` from host-device copy bandwidth. ``make_latency``
+builds the one a scenario names (``latency.backend``: constant, roofline or table).
+"""
+
+from __future__ import annotations
+
+from sim.latency.base import LatencyModel, StepShape, step_shape
+
+__all__ = ["LatencyModel", "StepShape", "step_shape", "make_latency"]
+
+
+def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int) -> LatencyModel:
+    """Build the latency model named by a scenario's ``latency`` section."""
+    if cfg.backend == "constant":
+        from sim.latency.constant import ConstantLatency
+
+        return ConstantLatency(cfg.step_s, model, gpu, tensor_parallel, block_size)
+    if cfg.backend == "roofline":
+        from sim.latency.roofline import RooflineLatency
+
+        kwargs = {} if getattr(cfg, "overhead_s", None) is None else {"overhead_s": cfg.overhead_s}
+        return RooflineLatency(model, gpu, tensor_parallel, block_size, **kwargs)
+    if cfg.backend == "table":
+        from sim.latency.table import TableLatency
+
+        return TableLatency.from_path(cfg.path, model, gpu, tensor_parallel, block_size)
+    raise ValueError(f"unknown latency backend {cfg.backend!r}")

@@ -1,0 +1,82 @@
+"""The latency interface and the step features every backend prices.
+
+A step's cost depends on its composition (DESIGN.md, "Latency model"): tokens through the linear
+layers, prefill attention work (query length × context), decode attention reads (sum of context
+lengths), the batch size, and a fixed per-step overhead. :func:`step_shape` reduces a plan to those
+numbers once, so every backend prices the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.base import StepPlan
+
+
+@dataclass(slots=True)
+class StepShape:
+    num_tokens: int  # through the linear layers, padding included
+    num_seqs: int  # sequences scheduled in the batch
+    prefill_tokens: int
+    decode_tokens: int
+    prefill_attn: float  # sum over prefill chunks of n * (context + (n + 1) / 2): query-key pairs
+    decode_ctx: int  # sum over decodes of the keys each decode token reads (context + 1)
+    kv_tokens_read: int  # every cached token attention reads, prefill context included
+
+
+def step_shape(plan: StepPlan) -> StepShape:
+    prefill_tokens = decode_tokens = decode_ctx = kv_read = 0
+    prefill_attn = 0.0
+    for n, c in zip(plan.num_new_tokens, plan.context):
+        if n == 1 and c > 0:
+            decode_tokens += 1
+            decode_ctx += c + 1
+        else:
+            prefill_tokens += n
+            prefill_attn += n * (c + (n + 1) / 2)
+        kv_read += c + n
+    # padding (static batching): dummy tokens still go through every layer
+    return StepShape(
+        num_tokens=prefill_tokens + decode_tokens + plan.padding_tokens,
+        num_seqs=len(plan.scheduled),
+        prefill_tokens=prefill_tokens,
+        decode_tokens=decode_tokens,
+        prefill_attn=prefill_attn,
+        decode_ctx=decode_ctx + plan.padding_context,
+        kv_tokens_read=kv_read + plan.padding_context,
+    )
+
+
+class LatencyModel:
+    """Prices a step (seconds) and a swap; reports FLOPs and bytes for MFU/MBU."""
+
+    name = "base"
+
+    def __init__(self, model, gpu, tensor_parallel: int, block_size: int) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.tp = tensor_parallel
+        self.block_size = block_size
+        self.kv_bytes_per_block = model.kv_bytes_per_token(tensor_parallel) * block_size
+
+    def step_time(self, plan: StepPlan) -> float:
+        raise NotImplementedError
+
+    def swap_time(self, blocks: int) -> float:
+        """One-way copy of ``blocks`` KV blocks over PCIe."""
+        if blocks <= 0:
+            return 0.0
+        return blocks * self.kv_bytes_per_block / self.gpu.pcie_bandwidth
+
+    # --- cost accounting for utilization (same physics for every backend) -------------------
+    def step_flops_bytes(self, shape: StepShape) -> tuple[float, float]:
+        """FLOPs and HBM bytes of one step on one GPU (a TP shard)."""
+        m, tp = self.model, self.tp
+        hq = m.num_heads * m.head_dim
+        flops = m.flops_per_token(tp) * shape.num_tokens
+        # attention: QK^T and PV, 2 FLOPs per multiply-add each, per layer, per query-key pair
+        flops += 4.0 * hq / tp * m.num_layers * (shape.prefill_attn + shape.decode_ctx)
+        kv_tok = m.kv_bytes_per_token(tp)
+        act = shape.num_tokens * m.hidden_size * m.dtype_bytes * m.num_layers * 4
+        bytes_ = m.weight_bytes(tp) + kv_tok * (shape.kv_tokens_read + shape.num_tokens) + act
+        return flops, bytes_

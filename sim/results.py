@@ -1,0 +1,97 @@
+"""A run's results: DataFrames in memory, a folder on disk, and back.
+
+The folder (DESIGN.md, "Files a user sees") holds ``requests.parquet`` and ``steps.parquet``
+(each with a ``policy`` column holding the label), ``summary.json`` (``{"policies": {LABEL:
+{...}}}``), the resolved ``scenario.yaml`` and the PNG plots. It is written into a temporary
+sibling folder and renamed into place, so a crash or Ctrl-C never leaves half a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+
+@dataclass
+class RunResult:
+    scenario: object  # sim.scenario.Scenario
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summaries: dict[str, dict]  # label -> summary
+    meta: dict = field(default_factory=dict)  # label -> facts the plots need (slots, blocks, ...)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.summaries)
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        """One row per policy, nested figures flattened (``ttft_s.p99``, ``utilization.kv``)."""
+        return pd.json_normalize([{"policy": k, **v} for k, v in self.summaries.items()]).set_index("policy")
+
+    def summary_json(self) -> dict:
+        return {"policies": self.summaries, "meta": self.meta}
+
+    # --- plots (sim.plots draws them; these are the notebook-friendly entry points) -------------
+    def __getattr__(self, name: str):
+        if name.startswith("plot_"):
+            from sim import plots
+
+            fn = getattr(plots, name, None)
+            if fn is not None:
+                return lambda *a, **k: fn(self, *a, **k)
+        raise AttributeError(name)
+
+    # --- disk ---------------------------------------------------------------------------------
+    def save(self, out_dir: str | Path, plots: bool = True) -> Path:
+        out = Path(out_dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            self.requests.to_parquet(tmp / "requests.parquet", index=False)
+            self.steps.to_parquet(tmp / "steps.parquet", index=False)
+            (tmp / "summary.json").write_text(json.dumps(self.summary_json(), indent=2, sort_keys=False) + "\n")
+            (tmp / "scenario.yaml").write_text(self.scenario.to_yaml())
+            if plots:
+                from sim import plots as plots_mod
+
+                write_all = getattr(plots_mod, "write_all", None)
+                if write_all is not None:
+                    write_all(self, tmp)
+            if out.exists():
+                old = out.parent / f".{out.name}.old-{os.getpid()}"
+                out.rename(old)
+                tmp.rename(out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> RunResult:
+        from sim.errors import CbsimError
+        from sim.scenario import load_scenario
+
+        d = Path(out_dir)
+        missing = [f for f in ("requests.parquet", "steps.parquet", "summary.json", "scenario.yaml")
+                   if not (d / f).exists()]
+        if missing:
+            raise CbsimError(f"{d} is not a cbsim results folder: missing {', '.join(missing)} "
+                             "(make one with `cbsim run SCENARIO --out DIR`)")
+        summary = json.loads((d / "summary.json").read_text())
+        return cls(
+            scenario=load_scenario(d / "scenario.yaml"),
+            requests=pd.read_parquet(d / "requests.parquet"),
+            steps=pd.read_parquet(d / "steps.parquet"),
+            summaries=summary["policies"],
+            meta=summary.get("meta", {}),
+        )

@@ -1,0 +1,178 @@
+"""From a scenario to results: build the workload, the KV pool, the latency model and one
+simulation per policy entry, run them, and gather a :class:`sim.results.RunResult`.
+
+This is the one code path behind ``cbsim run``, ``sim.run()`` in notebooks, sweeps and capacity
+search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+
+from policies.base import EngineLimits
+from policies.registry import POLICIES, make_policy
+from sim.engine import Simulation
+from sim.hardware import get_gpu
+from sim.kv_capacity import resolve_kv
+from sim.latency import make_latency
+from sim.models import get_model
+from sim.results import RunResult
+from sim.scenario import Scenario, load_scenario
+from sim.summary import summarize
+from sim.workload import build_workload
+
+
+def engine_limits(scn: Scenario) -> EngineLimits:
+    gpu_blocks, cpu_blocks = resolve_kv(scn)
+    e = scn.engine
+    return EngineLimits(
+        block_size=e.block_size,
+        num_gpu_blocks=gpu_blocks,
+        num_cpu_blocks=cpu_blocks,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_model_len=e.max_model_len,
+    )
+
+
+def policy_knobs(scn: Scenario, entry) -> dict:
+    """The entry's knobs, plus engine-level settings a policy exposes as knobs
+    (``engine.enable_prefix_caching``) when the entry does not set them itself."""
+    knobs = dict(entry.knobs())
+    cls = POLICIES[entry.name]
+    if "enable_prefix_caching" in cls.KNOBS and "enable_prefix_caching" not in knobs:
+        knobs["enable_prefix_caching"] = scn.engine.enable_prefix_caching
+    return knobs
+
+
+def make_router(scn: Scenario):
+    from sim import routing
+
+    return routing.make_router(scn.replicas.router) if hasattr(routing, "make_router") else None
+
+
+def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
+               on_progress: Callable[[int], None] | None = None):
+    """Simulate one policy entry; returns (requests, steps, summary, meta)."""
+    model = get_model(scn.model)
+    gpu = get_gpu(scn.hardware.gpu)
+    tp = scn.hardware.tensor_parallel
+    knobs = policy_knobs(scn, entry)
+    replicas = []
+    for _ in range(scn.replicas.count):
+        policy = make_policy(entry.name, limits, **knobs)
+        latency = make_latency(scn.latency, model, gpu, tp, limits.block_size)
+        replicas.append((policy, latency))
+    sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn),
+                     horizon_s=scn.horizon_s, on_progress=on_progress)
+    recorder = sim.run()
+    requests = recorder.requests_frame()
+    steps = recorder.steps_frame()
+    pol = replicas[0][0]
+    meta = {
+        "policy": entry.name,
+        "max_slots": pol.max_slots,
+        "token_budget": limits.max_num_batched_tokens if pol.uses_token_budget else None,
+        "kv_blocks_total": pol.kv_blocks_total(),
+        "cpu_blocks_total": limits.num_cpu_blocks,
+        "block_size": limits.block_size,
+        "latency": replicas[0][1].name,
+    }
+    summary = summarize(
+        requests, steps,
+        max_slots=pol.max_slots * scn.replicas.count,
+        token_budget=meta["token_budget"] * scn.replicas.count if meta["token_budget"] else None,
+        kv_blocks_total=meta["kv_blocks_total"] * scn.replicas.count,
+        peak_flops=gpu.peak_flops * scn.replicas.count,
+        hbm_bandwidth=gpu.hbm_bandwidth * scn.replicas.count,
+        slo=scn.slo,
+        num_replicas=scn.replicas.count,
+    )
+    return requests, steps, summary, meta
+
+
+def run(scenario, overrides=(), policies: list[str] | None = None, progress: bool = False) -> RunResult:
+    """Run every policy entry of a scenario (or only the given labels) on the same workload."""
+    scn = load_scenario(scenario, list(overrides))
+    entries = [e for e in scn.policies if policies is None or (e.label or e.name) in policies]
+    if policies is not None:
+        from sim.errors import CbsimError, nearest
+
+        known = [e.label or e.name for e in scn.policies]
+        for label in policies:
+            if label not in known:
+                raise CbsimError(f"--policy {label!r} is not in the scenario{nearest(label, known)}; "
+                                 f"its policies are: {', '.join(known)}")
+    specs = build_workload(scn)
+    limits = engine_limits(scn)
+    req_frames, step_frames, summaries, meta = [], [], {}, {}
+    bar = _progress(progress, len(specs) * len(entries))
+    with bar as tracker:
+        for entry in entries:
+            label = entry.label or entry.name
+            tick = tracker.ticker(label) if tracker else None
+            requests, steps, summary, m = run_policy(scn, entry, specs, limits, tick)
+            if tracker:
+                tracker.flush()
+            requests.insert(0, "policy", label)
+            steps.insert(0, "policy", label)
+            req_frames.append(requests)
+            step_frames.append(steps)
+            summaries[label] = summary
+            meta[label] = m
+    return RunResult(
+        scenario=scn,
+        requests=pd.concat(req_frames, ignore_index=True),
+        steps=pd.concat(step_frames, ignore_index=True),
+        summaries=summaries,
+        meta=meta,
+    )
+
+
+class _NoProgress:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _RichProgress:
+    """A rich progress bar over requests ended, one line per run."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("requests"), TimeElapsedColumn(), transient=False)
+        self.task = None
+        self.total = total
+
+    def __enter__(self):
+        self.progress.__enter__()
+        self.task = self.progress.add_task("simulating", total=self.total)
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def ticker(self, label: str):
+        self.progress.update(self.task, description=f"simulating {label}")
+        self.pending = 0
+
+        def tick(n: int) -> None:
+            self.pending += n
+            if self.pending >= 256:
+                self.flush()
+
+        return tick
+
+    def flush(self) -> None:
+        self.progress.advance(self.task, self.pending)
+        self.pending = 0
+
+
+def _progress(enabled: bool, total: int):
+    return _RichProgress(total) if enabled else _NoProgress()

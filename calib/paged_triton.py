@@ -307,7 +307,7 @@ def paged_attention_triton(
         BLOCK_N=block_n,
         NUM_SEGMENTS=num_segments,
         DOT_PRECISION=precision,
-        num_warps=4,
+        num_warps=8 if block_m >= 128 else 4,
         num_stages=2,
     )
     if num_segments > 1:

@@ -200,6 +200,12 @@ class Policy:
         """The denominator of slot utilization."""
         return self.limits.max_num_seqs
 
+    @property
+    def token_budget(self) -> int | None:
+        """Tokens one step may compute (the denominator of token-budget utilization); None for
+        policies without a budget."""
+        return self.limits.max_num_batched_tokens if self.uses_token_budget else None
+
     def has_work(self) -> bool:
         return self.num_running > 0 or self.num_waiting > 0
 

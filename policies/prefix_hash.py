@@ -50,6 +50,10 @@ class RequestBlockHashes:
         t = s
         if t < self._prompt_len:
             k = bisect_right(self._starts, t) - 1
+            key, n = self._runs[k]
+            off = t - self._starts[k]
+            if off + (e - t) <= n:  # the common case: the block lies inside one run
+                return (key, off, e - t)
             while t < e and t < self._prompt_len:
                 key, n = self._runs[k]
                 off = t - self._starts[k]

@@ -66,7 +66,8 @@ class VllmV0Policy(Policy):
     name = "vllm-v0"
     summary = (
         "vLLM V0 default (0.6.6): prefill-first steps of whole prompts, paged KV with a watermark, "
-        "recompute or swap preemption of the newest running request"
+        "recompute or swap preemption of the newest running request. FCFS only; delay_factor is "
+        "not modelled (V0's default 0.0 means no delay)"
     )
     KNOBS = {
         "preemption": Knob(

@@ -196,6 +196,7 @@ class VllmV1Policy(Policy):
         if self._rejected:
             plan.rejected, self._rejected = self._rejected, []
         running = self.running
+        max_model_len = lim.max_model_len
         token_budget = lim.max_num_batched_tokens
         n_waiting = len(self._heap) if self._priority else len(self._fifo)
         thr = self._threshold if len(running) + n_waiting > 1 else 0
@@ -210,7 +211,11 @@ class VllmV1Policy(Policy):
             n = r.num_tokens - r.num_computed_tokens
             if 0 < thr < n:
                 n = thr
-            n = min(n, token_budget, lim.max_model_len - r.num_computed_tokens - 1)
+            if n > token_budget:
+                n = token_budget
+            room = max_model_len - r.num_computed_tokens - 1
+            if n > room:
+                n = room
             if n <= 0:
                 i += 1
                 continue

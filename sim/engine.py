@@ -105,7 +105,9 @@ class Replica:
                 if rec.admitted_s != rec.admitted_s:  # first admission only (NaN check)
                     rec.admitted_s = start
             shape = step_shape(plan)
-            dt = latency.step_time(plan) + latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
+            dt, flops, bytes_ = latency.price(shape)
+            if plan.swap_out_blocks or plan.swap_in_blocks:
+                dt += latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
             yield env.timeout(dt)
             now = env.now
             finished = []
@@ -126,7 +128,7 @@ class Replica:
             policy.finish_step(plan, finished)
             for req in finished:
                 self._end(records[req.id], "finished")
-            recorder.on_step(self.index, start, dt, plan, policy, len(finished), shape)
+            recorder.on_step(self.index, start, dt, plan, policy, len(finished), shape, flops, bytes_)
 
 
 class Simulation:
@@ -137,7 +139,7 @@ class Simulation:
                  on_progress: Callable[[int], None] | None = None):
         self.env = simpy.Environment()
         self.specs = specs
-        self.recorder = Recorder(replicas[0][1])
+        self.recorder = Recorder()
         self.replicas = [
             Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress)
             for i, (pol, lat) in enumerate(replicas)

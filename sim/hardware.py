@@ -63,4 +63,6 @@ def get_gpu(name: str) -> GPUSpec:
         return name
     if name in GPUS:
         return GPUS[name]
-    raise CbsimError(f"unknown gpu {name!r}{nearest(name, GPUS)}; known gpus: {', '.join(GPUS)}")
+    starts = [g for g in GPUS if g.startswith(str(name).lower())]
+    hint = f" (did you mean {starts[0]!r}?)" if len(starts) == 1 else nearest(name, GPUS)
+    raise CbsimError(f"unknown gpu {name!r}{hint}; known gpus: {', '.join(GPUS)}")

@@ -72,8 +72,7 @@ class RequestRecord:
 class Recorder:
     """Collects one policy's run. The engine calls ``on_step`` once per step."""
 
-    def __init__(self, latency=None) -> None:
-        self.latency = latency
+    def __init__(self) -> None:
         self.records: list[RequestRecord] = []
         self.cols: dict[str, list] = {c: [] for c in STEP_COLUMNS}
         self._step = 0
@@ -82,22 +81,12 @@ class Recorder:
         self.records.append(rec)
 
     def on_step(self, replica: int, start: float, duration: float, plan: StepPlan, policy,
-                n_finished: int, shape=None) -> None:
+                n_finished: int, shape, flops: float, bytes_: float) -> None:
         c = self.cols
-        prefill = decode = 0
-        for n, ctx in zip(plan.num_new_tokens, plan.context):
-            if n == 1 and ctx > 0:
-                decode += 1
-            else:
-                prefill += n
         reserved, used = policy.kv_tokens_reserved_and_used()
-        if shape is not None and self.latency is not None:
-            flops, bytes_ = self.latency.step_flops_bytes(shape)
-        else:
-            flops = bytes_ = 0.0
         row = (
             replica, self._step, start, duration, policy.num_running, policy.num_waiting,
-            len(plan.scheduled), prefill, decode, prefill + decode + plan.padding_tokens,
+            shape.num_seqs, shape.prefill_tokens, shape.decode_tokens, shape.num_tokens,
             plan.padding_tokens, len(plan.admitted), n_finished, len(plan.preempted),
             len(plan.rejected), plan.swap_out_blocks, plan.swap_in_blocks,
             policy.kv_blocks_used(), policy.cpu_blocks_used(), reserved, used, flops, bytes_,

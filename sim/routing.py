@@ -16,8 +16,11 @@ lowest replica index.
 * ``prefix-affinity``: requests whose prompts start with the same run (the first
   ``prompt_runs`` key: a shared system prompt or conversation) go to the same replica, so that
   replica's prefix cache serves them; the replica is a stable hash of that key (BLAKE2b of its
-  ``repr``: not Python's ``hash``, which is salted per process). A request with no prompt
-  content description falls back to ``least-outstanding``.
+  ``repr``: not Python's ``hash``, which is salted per process). A request with no shared
+  prefix falls back to ``least-outstanding``: one without ``prompt_runs``, or whose first run is
+  its own unique content (key ``("req", id)``, the convention of ``policies.base.Request`` and
+  ``sim.workload`` for a prompt that shares nothing), since hashing unique prompts would only
+  scatter them at random.
 """
 
 from __future__ import annotations
@@ -66,11 +69,14 @@ def least_kv() -> Router:
 
 
 def prefix_key(spec):
-    """The key of a request's first prompt run, or None when its prompt content is not described."""
+    """The key of a request's first prompt run, or None when it has no shareable prefix."""
     runs = getattr(spec, "prompt_runs", None)
     if not runs:
         return None
-    return runs[0][0]
+    key = runs[0][0]
+    if key == ("req", spec.id):  # the request's own content: shared with nobody
+        return None
+    return key
 
 
 def stable_bucket(key, n: int) -> int:

@@ -74,7 +74,7 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
     meta = {
         "policy": entry.name,
         "max_slots": pol.max_slots,
-        "token_budget": limits.max_num_batched_tokens if pol.uses_token_budget else None,
+        "token_budget": pol.token_budget,
         "kv_blocks_total": pol.kv_blocks_total(),
         "cpu_blocks_total": limits.num_cpu_blocks,
         "block_size": limits.block_size,

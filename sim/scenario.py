@@ -643,7 +643,7 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 
 def format_validation_error(exc: ValidationError, where: str | None = None, overrides=()) -> str:
     """One line (or a few joined by '; ') that names each bad key path and the fix."""
-    found: list[tuple[str, str]] = []  # (key path, message naming it)
+    found: list[tuple[str, str | None]] = []  # (key path, message naming it), in pydantic's order
     type_errors: dict[str, list[tuple[str, Any]]] = {}
     for err in exc.errors(include_url=False):
         path, section = _walk(err["loc"])
@@ -651,18 +651,23 @@ def format_validation_error(exc: ValidationError, where: str | None = None, over
         cause = ctx.get("error")
         if typ == "value_error" and isinstance(cause, KeyedError):
             path = f"{path}.{cause.key}" if path else cause.key
-            text = f"unknown key {path!r}{cause}" if cause.unknown else f"{path}: {cause}"
-            found.append((path, text))
+            found.append((path, f"unknown key {path!r}{cause}" if cause.unknown else f"{path}: {cause}"))
         elif typ in _TYPE_WORDS:
+            if path not in type_errors:
+                found.append((path, None))  # placeholder: the branches of a union are merged below
             type_errors.setdefault(path, []).append((_TYPE_WORDS[typ], err.get("input")))
         else:
             msg = _describe(err, path, section)
             found.append((path, msg if typ == "extra_forbidden" or not path else f"{path}: {msg}"))
-    for path, kinds in type_errors.items():
-        if any(p == path or p.startswith(path + ".") for p, _ in found):
+    for i, (path, text) in enumerate(found):
+        if text is not None:
+            continue
+        if any((p == path or p.startswith(path + ".")) and t is not None for p, t in found):
             continue  # another branch of a union reports the real problem (an inline model's key)
+        kinds = type_errors[path]
         words = " or ".join(dict.fromkeys(w for w, _ in kinds))
-        found.append((path, f"{path}: expected {words}, got {_show(kinds[0][1])}"))
+        found[i] = (path, f"{path}: expected {words}, got {_show(kinds[0][1])}")
+    found = [(p, t) for p, t in found if t is not None]
     messages = list(dict.fromkeys(text + _from_override(path, overrides) for path, text in found))
     if len(messages) > 5:
         messages = messages[:5] + [f"and {len(messages) - 5} more"]

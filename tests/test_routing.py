@@ -102,3 +102,9 @@ def test_every_router_is_deterministic():
 def test_unknown_router_is_a_clear_error():
     with pytest.raises(CbsimError, match="did you mean 'round-robin'"):
         make_router("round-robn")
+
+
+def test_prefix_affinity_treats_a_requests_own_content_as_no_prefix():
+    own = [spec(f"r{i}", t, out, runs=(((("req", f"r{i}")), 4),)) for i, (t, out) in
+           enumerate([(0.0, 20), (0.0, 2), (5.0, 20)])]
+    assert route("prefix-affinity", own, replicas=2) == {"r0": 0, "r1": 1, "r2": 1}

@@ -132,7 +132,29 @@ class PagedKVManager:
         Returns the newly allocated block ids (possibly empty), or None when they do not fit;
         then nothing has changed.
         """
-        st = self._state(req)
+        st = self._reqs.get(req)
+        if (
+            st is not None
+            and st.blocks
+            and not new_computed_blocks
+            and not full_sequence_must_fit
+            and (self.watermark_blocks == 0 or not has_scheduled_reqs or req.status not in _ADMITTING)
+        ):
+            # fast path, a running request: only its own growth can need blocks
+            end = req.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+            if (
+                end <= len(st.blocks) * self.block_size
+                or self.max_model_len <= len(st.blocks) * self.block_size
+            ):
+                if self.enable_caching:
+                    n_tok = req.num_tokens
+                    if end < n_tok:
+                        n_tok = end
+                    if n_tok // self.block_size > st.num_cached_blocks:
+                        self._cache_blocks(req, st, n_tok)
+                return []
+        if st is None:
+            st = self._reqs[req] = _ReqKV()
         hits = new_computed_blocks or []
         local_computed = req.num_computed_tokens + num_new_computed_tokens
         wm = self.watermark_blocks if (has_scheduled_reqs and req.status in _ADMITTING) else 0

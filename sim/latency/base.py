@@ -57,9 +57,19 @@ class LatencyModel:
         self.gpu = gpu
         self.tp = tensor_parallel
         self.block_size = block_size
-        self.kv_bytes_per_block = model.kv_bytes_per_token(tensor_parallel) * block_size
+        self.kv_bytes_per_token = model.kv_bytes_per_token(tensor_parallel)
+        self.kv_bytes_per_block = self.kv_bytes_per_token * block_size
+        # per-step constants, computed once (the hot path prices hundreds of thousands of steps)
+        self._flops_per_token = model.flops_per_token(tensor_parallel)
+        self._attn_flops_per_pair = 4.0 * model.num_heads * model.head_dim / tensor_parallel * model.num_layers
+        self._weight_bytes = model.weight_bytes(tensor_parallel)
+        self._act_bytes_per_token = model.hidden_size * model.dtype_bytes * model.num_layers * 4
 
     def step_time(self, plan: StepPlan) -> float:
+        return self.price(step_shape(plan))[0]
+
+    def price(self, shape: StepShape) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of one step: what the engine spends and what MFU/MBU count."""
         raise NotImplementedError
 
     def swap_time(self, blocks: int) -> float:
@@ -71,12 +81,11 @@ class LatencyModel:
     # --- cost accounting for utilization (same physics for every backend) -------------------
     def step_flops_bytes(self, shape: StepShape) -> tuple[float, float]:
         """FLOPs and HBM bytes of one step on one GPU (a TP shard)."""
-        m, tp = self.model, self.tp
-        hq = m.num_heads * m.head_dim
-        flops = m.flops_per_token(tp) * shape.num_tokens
-        # attention: QK^T and PV, 2 FLOPs per multiply-add each, per layer, per query-key pair
-        flops += 4.0 * hq / tp * m.num_layers * (shape.prefill_attn + shape.decode_ctx)
-        kv_tok = m.kv_bytes_per_token(tp)
-        act = shape.num_tokens * m.hidden_size * m.dtype_bytes * m.num_layers * 4
-        bytes_ = m.weight_bytes(tp) + kv_tok * (shape.kv_tokens_read + shape.num_tokens) + act
+        n = shape.num_tokens
+        # linear layers, plus attention: QK^T and PV, 2 FLOPs per multiply-add, per layer and
+        # per query-key pair
+        flops = self._flops_per_token * n + self._attn_flops_per_pair * (shape.prefill_attn + shape.decode_ctx)
+        # weights once per step, KV read (context) and written (new tokens), activations
+        bytes_ = (self._weight_bytes + self.kv_bytes_per_token * (shape.kv_tokens_read + n)
+                  + self._act_bytes_per_token * n)
         return flops, bytes_

@@ -14,7 +14,7 @@ Efficiency factors (documented assumptions, replace them with a measured table w
 
 from __future__ import annotations
 
-from sim.latency.base import LatencyModel, step_shape
+from sim.latency.base import LatencyModel
 
 
 class RooflineLatency(LatencyModel):
@@ -35,6 +35,6 @@ class RooflineLatency(LatencyModel):
         self.memory_rate = gpu.hbm_bandwidth * memory_efficiency
         self.overhead_s = overhead_s
 
-    def step_time(self, plan) -> float:
-        flops, bytes_ = self.step_flops_bytes(step_shape(plan))
-        return max(flops / self.compute_rate, bytes_ / self.memory_rate) + self.overhead_s
+    def price(self, shape):
+        flops, bytes_ = self.step_flops_bytes(shape)
+        return max(flops / self.compute_rate, bytes_ / self.memory_rate) + self.overhead_s, flops, bytes_

@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter
 from sim.plots.series import step_series
 from sim.plots.style import new_figure, policy_colors, styled, title_of
 
-WASTE_COLOR = "#d9d9d9"
+WASTE_COLOR = "#f4a582"  # the colour of waste in every figure (idle slots in the timeline)
 PREFERRED = {"contiguous": ("orca", "static"), "paged": ("vllm-v1", "sarathi", "vllm-v0")}
 
 
@@ -73,8 +73,7 @@ def plot_paged_vs_contiguous(result) -> Figure | None:
             t, reserved = step_series(steps, steps["kv_reserved_tokens"])
             _, used = step_series(steps, steps["kv_used_tokens"])
             ax.fill_between(t, 0, used, color=colors[label], alpha=0.85, lw=0, label="tokens stored")
-            ax.fill_between(t, used, reserved, color=WASTE_COLOR, hatch="///", edgecolor="#9a9a9a", lw=0,
-                            label="held but unused (waste)")
+            ax.fill_between(t, used, reserved, color=WASTE_COLOR, lw=0, label="held but unused (waste)")
             ax.plot(t, reserved, color="#333333", lw=0.9, label="token slots held")
             waste = result.summaries[label].get("kv_waste")
             note = f", {100 * waste:.0f}% wasted" if waste is not None else ""
@@ -84,7 +83,7 @@ def plot_paged_vs_contiguous(result) -> Figure | None:
             ax.set_xlim(left=0)
             ax.set_ylim(bottom=0)
         ax_c.set_ylabel("KV tokens")
-        ax_c.legend(loc="upper right")
+        fig.legend(*ax_c.get_legend_handles_labels(), loc="outside lower center", ncols=3)
         shown = [lb for lb in result.labels if lb in kinds]
         waste = [100 * (result.summaries[lb].get("kv_waste") or 0.0) for lb in shown]
         y = range(len(shown))
@@ -94,7 +93,7 @@ def plot_paged_vs_contiguous(result) -> Figure | None:
         for yi, w in zip(y, waste):
             ax_bar.text(w, yi, f" {w:.0f}%", va="center", fontsize=9)
         ax_bar.set_xlim(0, max(max(waste, default=0) * 1.25, 10))
-        ax_bar.set(xlabel="held but unused (%, time-averaged)", title="KV waste per policy")
+        ax_bar.set(xlabel="held but unused (%)", title="KV waste, time-averaged")
         ax_bar.grid(axis="y", visible=False)
         fig.suptitle(title_of(result, "Paged vs contiguous KV memory"))
     return fig

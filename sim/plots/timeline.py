@@ -65,11 +65,16 @@ class Timeline:
 
 def slot_occupancy(steps: pd.DataFrame, max_slots: int) -> pd.DataFrame:
     """Per step: busy slots split into continuing and joined, idle slots split by whether
-    requests were waiting at the end of the step."""
+    requests were waiting at the end of the step, and whether the step *refilled* a slot: it
+    admitted a request while requests admitted earlier were still running (continuous batching;
+    a static batch only ever admits into an empty batch)."""
     busy = steps["num_seqs"].to_numpy(dtype=int)
-    joined = np.minimum(steps["admitted"].to_numpy(dtype=int), busy)
+    admitted = steps["admitted"].to_numpy(dtype=int)
+    joined = np.minimum(admitted, busy)
     idle = np.maximum(max_slots - busy, 0)
     waiting = steps["waiting"].to_numpy(dtype=int) > 0
+    # requests held before the step = held after it - admitted in it + finished in it
+    held_before = (steps["running"].to_numpy(dtype=int) - admitted + steps["finished"].to_numpy(dtype=int))
     return pd.DataFrame({
         "replica": steps["replica"].to_numpy(),
         "step": steps["step"].to_numpy(),
@@ -81,6 +86,7 @@ def slot_occupancy(steps: pd.DataFrame, max_slots: int) -> pd.DataFrame:
         "idle": idle,
         "idle_waiting": np.where(waiting, idle, 0),
         "idle_free": np.where(waiting, 0, idle),
+        "refill": (admitted > 0) & (held_before > 0),
     })
 
 
@@ -178,7 +184,7 @@ def timeline_size_px(n_policies: int) -> tuple[int, int]:
     return round(w * DPI), round(h * DPI)
 
 
-def _draw_gantt(ax, tl: Timeline) -> None:
+def _draw_gantt(ax, tl: Timeline, panel_px: float) -> None:
     n = len(tl.ids)
     height = 0.72
     for phase in PHASES:
@@ -192,9 +198,8 @@ def _draw_gantt(ax, tl: Timeline) -> None:
     if len(tl.rejected):
         ax.scatter(tl.rejected["arrival_s"], tl.rejected["row"], marker="x", color="#b2182b", s=40, zorder=3)
     ax.set_ylim(n - 0.5, -0.5)
-    every = max(1, int(np.ceil(n / 30)))
-    ax.set_yticks(range(0, n, every), [tl.ids[i] for i in range(0, n, every)],
-                  fontsize=9 if n <= 30 else 7)
+    every = max(1, int(np.ceil(n * 13 / max(panel_px, 1))))  # a label needs ~13 px
+    ax.set_yticks(range(0, n, every), [tl.ids[i] for i in range(0, n, every)], fontsize=8.5)
     ax.grid(axis="y", visible=False)
     ax.set_ylabel("request")
 
@@ -202,7 +207,7 @@ def _draw_gantt(ax, tl: Timeline) -> None:
 def _draw_strip(ax, tl: Timeline) -> None:
     s = tl.slots
     reps = sorted(s["replica"].unique()) if len(s) else [0]
-    cells = len(s) <= 150
+    cells = len(s) <= 150  # few steps: outline each step's cell, like the seeds' chart
     for i, rep in enumerate(reps):
         r = s[s["replica"] == rep]
         bottom = np.full(len(r), float(i * tl.max_slots))
@@ -215,24 +220,31 @@ def _draw_strip(ax, tl: Timeline) -> None:
             bottom = bottom + h
     total = tl.max_slots * len(reps)
     ax.set_ylim(0, total)
-    ax.set_yticks([0, total])
-    if tl.max_slots <= 8 and len(reps) == 1:
-        ax.set_yticks(range(0, total + 1))
+    ax.set_yticks(range(0, total + 1) if total <= 4 else [0, total])
     ax.grid(axis="x", visible=False)
-    busy = float((s["busy"] * s["duration_s"]).sum())
-    cap = float((tl.max_slots * s["duration_s"]).sum())
-    wait_idle = float((s["idle_waiting"] * s["duration_s"]).sum())
-    util = f"{100 * busy / cap:.0f}%" if cap else "-"
     ax.set_ylabel("slots", rotation=0, ha="right", va="center")
-    refills = int(((s["joined"] > 0) & (s["continuing"] > 0)).sum())
-    unit = "slot-steps" if np.allclose(s["duration_s"], s["duration_s"].iloc[0] if len(s) else 0) else "slot-s"
-    scale = 1.0 / s["duration_s"].iloc[0] if unit == "slot-steps" and len(s) else 1.0
-    ax.set_title(
-        f"slot utilization {util} ({busy * scale:.4g} of {cap * scale:.4g} {unit}); "
-        f"idle while requests wait: {wait_idle * scale:.4g} {unit}; steps that refill a freed slot: {refills}"
-        + (f"; {len(reps)} replicas stacked" if len(reps) > 1 else ""),
-        fontsize=9, fontweight="normal", loc="left",
-    )
+    ax.set_title(strip_caption(tl), fontsize=9, fontweight="normal", loc="left")
+
+
+def strip_caption(tl: Timeline) -> str:
+    """Slot utilization (duration-weighted, as in the summary), idle slots while requests wait,
+    and refills; in slot-steps too when every step took the same time (the seeds' toy)."""
+    s = tl.slots
+    if s.empty:
+        return "no steps"
+    dur = s["duration_s"]
+    cap = float(tl.max_slots * dur.sum())
+    util = float((s["busy"] * dur).sum()) / cap
+    wait_idle = float((s["idle_waiting"] * dur).sum()) / cap
+    text = f"slot utilization {100 * util:.0f}%"
+    if np.allclose(dur, dur.iloc[0]):
+        text += f" ({int(s['busy'].sum())} of {tl.max_slots * len(s)} slot-steps)"
+    text += f"; idle while requests wait: {100 * wait_idle:.0f}% of slot time"
+    if np.allclose(dur, dur.iloc[0]):
+        text += f" ({int(s['idle_waiting'].sum())} slot-steps)"
+    text += f"; steps that refill a freed slot: {int(s['refill'].sum())}"
+    reps = s["replica"].nunique()
+    return text + (f"; {reps} replicas stacked" if reps > 1 else "")
 
 
 def plot_timeline(result, policy: str | list[str] | None = None, max_requests: int = MAX_REQUESTS) -> Figure:
@@ -246,10 +258,11 @@ def plot_timeline(result, policy: str | list[str] | None = None, max_requests: i
         for tl in timelines:
             ratios += [max(len(tl.ids), 4), max(1.6, 0.22 * max(len(tl.ids), 4))]
         axes = fig.subplots(2 * len(timelines), 1, sharex=True, height_ratios=ratios)
+        usable_px = fig.get_figheight() * DPI * 0.8  # less titles, legend and axis labels
         end = 0.0
         for i, tl in enumerate(timelines):
             gantt, strip = axes[2 * i], axes[2 * i + 1]
-            _draw_gantt(gantt, tl)
+            _draw_gantt(gantt, tl, usable_px * ratios[2 * i] / sum(ratios))
             _draw_strip(strip, tl)
             n_steps = len(tl.slots)
             shown = f"first {len(tl.ids)} of {tl.total_requests}" if tl.truncated else f"{tl.total_requests}"
@@ -268,7 +281,7 @@ def plot_timeline(result, policy: str | list[str] | None = None, max_requests: i
         handles.append(Patch(color="none", label="  slots:"))
         handles += [Patch(color=c, label=k) for k, c in SLOT_COLORS.items() if k != "idle"]
         handles.append(Patch(facecolor=SLOT_COLORS["idle"], edgecolor="#999999", label="idle"))
-        fig.legend(handles=handles, loc="outside upper center", ncols=len(handles), fontsize=9,
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9,
                    handlelength=1.4, columnspacing=1.0)
         fig.suptitle(title_of(result, "Request timeline"))
     return fig

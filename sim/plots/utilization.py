@@ -33,12 +33,12 @@ def plot_utilization(result) -> Figure:
             mean = result.summaries[label].get("utilization", {}).get("slots")
             kw = {"color": colors[label], "lw": 1.4}
             ax_util.plot(*step_series(steps, 100.0 * steps["num_seqs"] / slots),
-                         label=f"{label} (mean {_pct(mean)} of {slots} slots)", **kw)
+                         label=f"{label}\n(mean {_pct(mean)} of {slots} slots)", **kw)
             ax_batch.plot(*step_series(steps, steps["num_seqs"]), **kw)
             ax_queue.plot(*step_series(steps, steps["waiting"]), **kw)
         ax_util.set(ylabel="slot utilization (%)", ylim=(0, 105),
                     title="Slots holding a sequence the step computes")
-        ax_util.legend(loc="lower left", ncols=min(3, max(1, len(result.labels))))
+        fig.legend(*ax_util.get_legend_handles_labels(), loc="outside right upper")
         ax_batch.set(ylabel="batch size (sequences)", title="Running batch size")
         ax_batch.set_ylim(bottom=0)
         ax_queue.set(ylabel="waiting (requests)", xlabel="simulated time (s)",

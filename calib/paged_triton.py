@@ -196,15 +196,17 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def choose_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
+def choose_tiles(max_query_len: int, group: int, head_dim: int, itemsize: int = 2) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_Q, BLOCK_N): small query tiles when every request is short (decodes),
     larger ones when some request brings a prefill chunk. BLOCK_M is at least 16 (the matrix
-    unit's smallest tile) and at least one token's worth of grouped heads."""
+    unit's smallest tile) and at least one token's worth of grouped heads. fp32 (4-byte) inputs
+    get half-size tiles so the shared-memory stages fit GPUs smaller than a Hopper."""
+    wide = head_dim > 128 or itemsize > 2
     if max_query_len * group <= 16:
         block_m = max(16, _next_pow2(group))
     else:
-        block_m = max(64 if head_dim > 128 else 128, _next_pow2(group))
-    block_n = 32 if head_dim > 128 else 64
+        block_m = max(64 if wide else 128, _next_pow2(group))
+    block_n = 32 if wide else 64
     return block_m, block_m // group, block_n
 
 
@@ -260,7 +262,7 @@ def paged_attention_triton(
         raise ValueError("q and the K/V caches need a contiguous last (head_dim) dimension")
     group = num_heads // kv_heads
     num_seqs = meta.num_seqs
-    block_m, block_q, block_n = choose_tiles(meta.max_query_len, group, head_dim)
+    block_m, block_q, block_n = choose_tiles(meta.max_query_len, group, head_dim, q.element_size())
     num_tiles = num_tokens // block_q + num_seqs
     if num_segments is None:
         num_segments = choose_segments(num_tiles * kv_heads, cdiv_int(meta.max_seq_len, block_n), q.device)

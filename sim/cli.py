@@ -25,9 +25,11 @@ def main() -> None:
     from sim import commands  # noqa: F401  (registers every command on `app`)
     from sim.errors import CbsimError
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except CbsimError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(2)

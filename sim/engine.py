@@ -105,7 +105,7 @@ class Replica:
                 if rec.admitted_s != rec.admitted_s:  # first admission only (NaN check)
                     rec.admitted_s = start
             shape = step_shape(plan)
-            dt, flops, bytes_ = latency.price(shape)
+            dt, flops, bytes_ = latency.price(shape, plan)
             if plan.swap_out_blocks or plan.swap_in_blocks:
                 dt += latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
             yield env.timeout(dt)

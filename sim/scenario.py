@@ -103,7 +103,8 @@ class Hardware(BaseModel):
     activation_reserve_gib: float = Field(
         1.0, ge=0,
         description="GiB per GPU kept for activations and non-torch memory, subtracted before KV "
-                    "blocks are counted; stands in for vLLM's profiling pass (see below)")
+                    "blocks are counted; stands in for vLLM's profiling pass (1 GiB: about the "
+                    "peak activation memory of Llama-3-8B at 8192 batched tokens)")
     # Why 1 GiB: vLLM measures the peak memory of a forward pass over max_num_batched_tokens
     # tokens. For Llama-3-8B at 8192 tokens in bf16 that peak is the MLP of one layer: the
     # gate/up output (8192 x 28672 x 2 B = 448 MiB) plus its SwiGLU product (224 MiB) plus the
@@ -337,7 +338,8 @@ class Workload(BaseModel):
     trace: TraceSource | None = Field(None, description="replay a trace file; null: synthetic")
     prefix: Prefix | None = Field(None, description="shared prompt prefixes; null: every prompt unique")
     requests: list[InlineRequest] | None = Field(None, min_length=1, description="requests written out one by "
-                                                 "one (arrival, prompt and output ignored); null: generated")
+                                                 "one (then arrival, prompt_tokens and output_tokens are unused); "
+                                                 "null: generated")
 
     @model_validator(mode="after")
     def _check(self) -> Workload:

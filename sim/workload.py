@@ -234,5 +234,5 @@ def workload_stats(specs: list[RequestSpec]) -> dict[str, Any]:
 
 def _dist(values: np.ndarray) -> dict[str, float]:
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": round(float(values.mean()), 1), "p50": float(p50), "p90": float(p90),
-            "p99": float(p99), "max": int(values.max())}
+    return {"mean": round(float(values.mean()), 1), "p50": round(float(p50), 1), "p90": round(float(p90), 1),
+            "p99": round(float(p99), 1), "max": int(values.max())}

@@ -66,9 +66,9 @@ class LatencyModel:
         self._act_bytes_per_token = model.hidden_size * model.dtype_bytes * model.num_layers * 4
 
     def step_time(self, plan: StepPlan) -> float:
-        return self.price(step_shape(plan))[0]
+        return self.price(step_shape(plan), plan)[0]
 
-    def price(self, shape: StepShape) -> tuple[float, float, float]:
+    def price(self, shape: StepShape, plan: StepPlan | None = None) -> tuple[float, float, float]:
         """(seconds, FLOPs, bytes) of one step: what the engine spends and what MFU/MBU count."""
         raise NotImplementedError
 

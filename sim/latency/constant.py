@@ -15,6 +15,6 @@ class ConstantLatency(LatencyModel):
     def step_time(self, plan) -> float:
         return self.step_s
 
-    def price(self, shape):
+    def price(self, shape, plan=None):
         flops, bytes_ = self.step_flops_bytes(shape)
         return self.step_s, flops, bytes_

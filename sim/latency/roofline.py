@@ -35,6 +35,6 @@ class RooflineLatency(LatencyModel):
         self.memory_rate = gpu.hbm_bandwidth * memory_efficiency
         self.overhead_s = overhead_s
 
-    def price(self, shape):
+    def price(self, shape, plan=None):
         flops, bytes_ = self.step_flops_bytes(shape)
         return max(flops / self.compute_rate, bytes_ / self.memory_rate) + self.overhead_s, flops, bytes_

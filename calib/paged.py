@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 BACKENDS = ("reference", "triton", "auto")
@@ -174,11 +175,11 @@ def build_metadata(
                 f"need {need} blocks of {block_size}"
             )
 
-    max_blocks = max(cdiv(q + c, block_size) for q, c in zip(query_lens, context_lens))
-    tables = torch.zeros((n, max_blocks), dtype=torch.int32)
-    for b, (q, c, table) in enumerate(zip(query_lens, context_lens, block_tables)):
-        need = cdiv(q + c, block_size)
-        tables[b, :need] = torch.as_tensor(list(table[:need]), dtype=torch.int32)
+    needs = [cdiv(q + c, block_size) for q, c in zip(query_lens, context_lens)]
+    table_rows = np.zeros((n, max(needs)), dtype=np.int32)  # numpy fills rows from lists fastest
+    for b, (table, need) in enumerate(zip(block_tables, needs)):
+        table_rows[b, :need] = table[:need]
+    tables = torch.from_numpy(table_rows)
     if num_blocks is not None and (int(tables.min()) < 0 or int(tables.max()) >= num_blocks):
         bad = next(b for b in range(n) if not (0 <= int(tables[b].min()) and int(tables[b].max()) < num_blocks))
         raise ValueError(f"request {bad}: block table {tables[bad].tolist()} has ids outside the pool [0, {num_blocks})")

@@ -26,7 +26,10 @@ over KV tiles of ``BLOCK_N`` positions, each position's physical row found throu
 table, causal mask ``kv_pos <= context_len + token``, exp2 with the scale folded in.
 
 Without a GPU, the kernel runs on CPU tensors through Triton's interpreter (numpy) when
-``TRITON_INTERPRET=1`` is set before Triton is first imported: that is how the tests check it.
+``TRITON_INTERPRET=1`` is set before Triton is first imported: that is how the tests check it
+(Triton 3.9's interpreter; 3.6's fails under numpy >= 2.4 on loops with run-time bounds).
+:mod:`calib.kernel_report` compiles it for sm_90 without a GPU and reads registers, spills and
+instructions.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ MAX_SEGMENTS = 16
 
 def available() -> bool:
     return triton is not None
+
+
+def interpreted() -> bool:
+    """Whether the kernel runs in Triton's interpreter (CPU tensors) rather than compiled (GPU)."""
+    return triton is not None and not isinstance(_paged_attention_kernel, triton.runtime.JITFunction)
 
 
 def _paged_attention_kernel(
@@ -197,17 +205,47 @@ def _next_pow2(n: int) -> int:
 
 
 def choose_tiles(max_query_len: int, group: int, head_dim: int, itemsize: int = 2) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_Q, BLOCK_N): small query tiles when every request is short (decodes),
-    larger ones when some request brings a prefill chunk. BLOCK_M is at least 16 (the matrix
-    unit's smallest tile) and at least one token's worth of grouped heads. fp32 (4-byte) inputs
-    get half-size tiles so the shared-memory stages fit GPUs smaller than a Hopper."""
-    wide = head_dim > 128 or itemsize > 2
-    if max_query_len * group <= 16:
-        block_m = max(16, _next_pow2(group))
+    """(BLOCK_M, BLOCK_Q, BLOCK_N) for a batch.
+
+    Small query tiles when every request is short (decodes), larger ones when some request
+    brings a prefill chunk. BLOCK_M is at least 16 (the matrix unit's smallest tile) and at
+    least one token's worth of grouped heads. Sizes were checked by compiling for sm_90 and
+    reading the resource usage: the 16-bit configurations use no local memory (no register
+    spills) and load K/V with 16-byte asynchronous copies; fp32 inputs (exact IEEE dots, used
+    for tests) need small tiles to avoid spilling; head_dim > 128 gets half-size tiles.
+    """
+    decode = max_query_len * group <= 16
+    if itemsize > 2:
+        block_m, block_n = (16 if decode else 32), 16
+    elif head_dim > 128:
+        block_m, block_n = (16 if decode else 64), 32
     else:
-        block_m = max(64 if wide else 128, _next_pow2(group))
-    block_n = 32 if wide else 64
+        block_m, block_n = (16 if decode else 128), 64
+    block_m = max(block_m, _next_pow2(group))
     return block_m, block_m // group, block_n
+
+
+def kernel_config(
+    *, max_query_len: int, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+    itemsize: int, num_segments: int,
+) -> dict:
+    """The kernel's compile-time parameters and launch options for one batch shape (shared by
+    the launcher and :mod:`calib.kernel_report`, so what is inspected is what runs)."""
+    group = num_heads // num_kv_heads
+    block_m, block_q, block_n = choose_tiles(max_query_len, group, head_dim, itemsize)
+    return dict(
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=max(16, _next_pow2(head_dim)),
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        NUM_SEGMENTS=num_segments,
+        DOT_PRECISION="ieee" if itemsize > 2 else "tf32",  # fp32 stays exact; 16-bit ignores it
+        num_warps=8 if block_m >= 128 else 4,
+        num_stages=2,
+    )
 
 
 def choose_segments(num_programs: int, max_kv_tiles: int, device: torch.device) -> int:
@@ -254,27 +292,36 @@ def paged_attention_triton(
     """
     if triton is None:
         raise RuntimeError("the Triton paged-attention path needs the 'triton' package; use backend='reference'")
+    if (q.device.type == "cuda") == interpreted():
+        raise RuntimeError(
+            f"the Triton kernel is {'interpreted' if interpreted() else 'compiled'} in this process but the "
+            f"tensors are on {q.device}: set TRITON_INTERPRET=1 before triton is imported to run it on CPU "
+            "tensors, and leave it unset for CUDA tensors"
+        )
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if num_heads % kv_heads:
         raise ValueError(f"{num_heads} query heads do not group evenly over {kv_heads} KV heads")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("q and the K/V caches need a contiguous last (head_dim) dimension")
-    group = num_heads // kv_heads
     num_seqs = meta.num_seqs
-    block_m, block_q, block_n = choose_tiles(meta.max_query_len, group, head_dim, q.element_size())
+    _, block_q, block_n = choose_tiles(meta.max_query_len, num_heads // kv_heads, head_dim, q.element_size())
     num_tiles = num_tokens // block_q + num_seqs
     if num_segments is None:
         num_segments = choose_segments(num_tiles * kv_heads, cdiv_int(meta.max_seq_len, block_n), q.device)
-    head_dim_p = max(16, _next_pow2(head_dim))
+    config = kernel_config(
+        max_query_len=meta.max_query_len, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        block_size=block_size, itemsize=q.element_size(), num_segments=num_segments,
+    )
     out = torch.empty_like(q)
     if num_segments > 1:
         seg_m = torch.empty((num_tokens, num_heads, num_segments), dtype=torch.float32, device=q.device)
         seg_l = torch.empty_like(seg_m)
-        seg_acc = torch.empty((num_tokens, num_heads, num_segments, head_dim_p), dtype=torch.float32, device=q.device)
+        seg_acc = torch.empty(
+            (num_tokens, num_heads, num_segments, config["HEAD_DIM_P"]), dtype=torch.float32, device=q.device
+        )
     else:
         seg_m = seg_l = seg_acc = out  # unused by the kernel when NUM_SEGMENTS == 1
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_kernel[(num_tiles, kv_heads, num_segments)](
         q,
         k_cache,
@@ -300,17 +347,7 @@ def paged_attention_triton(
         v_cache.stride(2),
         meta.block_tables.stride(0),
         num_heads,
-        BLOCK_SIZE=block_size,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        HEAD_DIM_P=head_dim_p,
-        BLOCK_M=block_m,
-        BLOCK_Q=block_q,
-        BLOCK_N=block_n,
-        NUM_SEGMENTS=num_segments,
-        DOT_PRECISION=precision,
-        num_warps=8 if block_m >= 128 else 4,
-        num_stages=2,
+        **config,
     )
     if num_segments > 1:
         out.copy_(_merge_segments(seg_m, seg_l, seg_acc, head_dim).to(out.dtype))

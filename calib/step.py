@@ -12,6 +12,8 @@ mapping, block tables); :meth:`StepRunner.execute` runs the forward pass (every 
 the new K/V through the slot mapping, then attends through the block tables) and returns each
 request's greedy next token, computing logits only at each request's last new token, as engines
 do. Requests still mid-prefill get a token too; the caller ignores it (vLLM discards it).
+``execute`` never synchronises with the host, so it can be timed with device events and a
+prepared step can be captured in a CUDA graph and replayed (decode steps, as engines run them).
 
 For synthetic batches (the profiler), :class:`BlockAllocator` hands out physical blocks from the
 pool (block 0 is kept back as the null block that pads block tables, as in vLLM V1) and

@@ -226,6 +226,36 @@ class Policy:
         """Every request still held (running, waiting, swapped), for end-of-run accounting."""
         raise NotImplementedError
 
+    # --- fast-forward through pure-decode stretches (optional) ----------------------------
+    # Between arrivals and finishes a busy engine mostly repeats one step: every running request
+    # computes one token and emits it. A policy that can prove this of its next steps lets the
+    # engine apply many of them at once; the result must be exactly what that many rounds of
+    # ``schedule()``, ``emit_tokens()`` and ``finish_step(plan, [])`` would have produced.
+    # Policies that do not implement these step normally.
+
+    def decode_stretch(self) -> tuple[list[Request], int] | None:
+        """``(batch, context)`` if the next step is certain to be a *pure decode* and so is every
+        following one for as long as no request arrives or finishes and KV memory lasts: every
+        running request (``batch``, in batch order) is scheduled for exactly one token with a
+        non-empty context and emits it; nothing is admitted, preempted, rejected or swapped, and
+        the waiting queue is left as it is. ``context`` is the sum of ``num_computed_tokens``
+        over the batch. None otherwise (the default). The engine must not mutate ``batch``."""
+        return None
+
+    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
+        """How many of the next ``k`` pure-decode steps fit KV memory (no step would preempt)."""
+        return 0
+
+    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+        """Apply ``k <= decode_stretch_limit(batch, k)`` pure-decode steps to the policy's state,
+        token emission included (``num_computed_tokens`` and ``num_output_tokens`` of every
+        request in ``batch`` grow by ``k``), in exactly the order ``k`` single steps would (block
+        allocations and prefix-cache registrations alike). The engine guarantees that no request
+        of ``batch`` finishes within these steps and that nothing arrives before the last one
+        ends. Returns, per step, what a single step's record would read after it:
+        ``kv_blocks_used()`` and the two figures of ``kv_tokens_reserved_and_used()``."""
+        raise NotImplementedError
+
 
 def emit_tokens(plan: StepPlan) -> list[Request]:
     """Apply a finished step: each scheduled request whose prompt (plus earlier outputs, after a
@@ -235,7 +265,8 @@ def emit_tokens(plan: StepPlan) -> list[Request]:
     """
     emitted = []
     for req in plan.scheduled:
-        if req.num_computed_tokens >= req.num_tokens:
-            req.num_output_tokens += 1
+        out = req.num_output_tokens
+        if req.num_computed_tokens >= req.prompt_tokens + out:  # prompt and outputs all computed
+            req.num_output_tokens = out + 1
             emitted.append(req)
     return emitted

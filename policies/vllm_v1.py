@@ -120,6 +120,9 @@ class VllmV1Policy(Policy):
         self._pushes = 0
         self._rejected: list[Request] = []  # rejected since the last plan, reported by the next one
         self._stored_tokens = 0  # sum of num_computed_tokens over requests holding blocks
+        # the last plan scheduled every running request and each will have emitted its token:
+        # after that step every running request is one decode away (see decode_stretch)
+        self._decode_ready = False
 
     # --- waiting queue ----------------------------------------------------------------------
     def _push_waiting(self, req: Request, front: bool = False) -> None:
@@ -208,12 +211,13 @@ class VllmV1Policy(Policy):
         i = 0
         while i < len(running) and token_budget > 0:
             r = running[i]
-            n = r.num_tokens - r.num_computed_tokens
+            computed = r.num_computed_tokens
+            n = r.prompt_tokens + r.num_output_tokens - computed
             if 0 < thr < n:
                 n = thr
             if n > token_budget:
                 n = token_budget
-            room = max_model_len - r.num_computed_tokens - 1
+            room = max_model_len - computed - 1
             if n > room:
                 n = room
             if n <= 0:
@@ -308,10 +312,18 @@ class VllmV1Policy(Policy):
             plan.rejected.extend(self._rejected)
             self._rejected = []
         # num_computed_tokens moves at schedule time, as in vLLM's _update_after_schedule
+        context = []
+        ready = len(sched) == len(running)  # every running request is scheduled (sched ⊆ running)
         for r, n in zip(sched, sched_n):
-            plan.add(r, n, r.num_computed_tokens)
-            r.num_computed_tokens += n
-            self._stored_tokens += n
+            c = r.num_computed_tokens
+            context.append(c)
+            c += n
+            r.num_computed_tokens = c
+            if c < r.prompt_tokens + r.num_output_tokens:
+                ready = False  # still prefilling: it emits no token this step
+        plan.scheduled, plan.num_new_tokens, plan.context = sched, sched_n, context
+        self._stored_tokens += sum(sched_n)
+        self._decode_ready = ready
         return plan
 
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
@@ -362,7 +374,51 @@ class VllmV1Policy(Policy):
         self._fifo.clear()
         self._heap.clear()
         self._stored_tokens = 0
+        self._decode_ready = False
         return out
+
+    # --- pure-decode stretches (Policy.decode_stretch) --------------------------------------
+    def decode_stretch(self) -> tuple[list[Request], int] | None:
+        """After a step that scheduled every running request and completed each one's tokens,
+        every running request is decode-ready (``num_computed_tokens == num_tokens - 1``) and
+        the next schedule() is a pure decode: Phase A gives each exactly one token (the long
+        prefill threshold cannot cut 1, ``max_model_len`` leaves room while it has not
+        finished) as long as the budget covers the batch and its block fits; Phase B admits
+        nobody when the waiting queue is empty, or when ``max_num_seqs`` or the token budget is
+        used up. Nothing of this changes while only decodes happen, so it holds for every step
+        until an arrival or a finish, as far as the free blocks last (decode_stretch_limit)."""
+        running = self.running
+        if not self._decode_ready or self._rejected or not running:
+            return None
+        b = len(running)
+        lim = self.limits
+        if b > lim.max_num_batched_tokens:
+            return None
+        if self.num_waiting and b < lim.max_num_seqs and b < lim.max_num_batched_tokens:
+            return None
+        return running, self._stored_tokens
+
+    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
+        return self.kv.decode_stretch_limit(batch, k)
+
+    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+        kv = self.kv
+        used0, held0, stored0 = kv.num_used_blocks, kv.held_token_slots, self._stored_tokens
+        allocated = kv.advance_decodes(batch, k)
+        for r in batch:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+        b = len(batch)
+        self._stored_tokens = stored0 + b * k
+        B = self.limits.block_size
+        used, reserved, stored = [], [], []
+        total = 0
+        for j, n in enumerate(allocated, 1):
+            total += n
+            used.append(used0 + total)
+            reserved.append(held0 + total * B)
+            stored.append(stored0 + b * j)
+        return used, reserved, stored
 
 
 def _priority_key(r: Request) -> tuple[int, float]:

@@ -79,9 +79,11 @@ def require_slo(scn, what: str = "capacity") -> None:
 
 
 def require_rate(scn, what: str = "capacity") -> float:
+    from sim.sweep import arrival_rate
+
     w = scn.workload
-    rate = getattr(w.arrival, "rate", None)
-    if w.requests is not None or rate is None:
+    rate = arrival_rate(scn)
+    if rate is None:
         src = "written-out workload.requests" if w.requests is not None else "a replayed trace's timestamps"
         raise CbsimError(f"{what} varies workload.arrival.rate, but this scenario's arrivals come from {src}; "
                          f"use a synthetic arrival process (arrival: {{process: poisson, rate: ...}}; "
@@ -110,6 +112,13 @@ def labels_of(scn, policies: Iterable[str] | None) -> list[str]:
     return chosen
 
 
+def simulate_at(scn, label: str, rate: float) -> dict:
+    """The summary of one policy's run at ``rate`` requests per second (one probe)."""
+    from sim.runner import run
+
+    return run(scn, [f"workload.arrival.rate={rate!r}"], policies=[label]).summaries[label]
+
+
 class _Probe:
     """Runs one policy at a rate, caching by rate, and keeps the order of the runs."""
 
@@ -120,16 +129,14 @@ class _Probe:
 
     def met(self, rate: float) -> bool:
         if rate not in self.summaries:
-            from sim.runner import run
-
-            result = run(self.scn, [f"workload.arrival.rate={rate!r}"], policies=[self.label])
-            self.summaries[rate] = result.summaries[self.label]
+            self.summaries[rate] = simulate_at(self.scn, self.label, rate)
             self.order.append(rate)
         return bool(self.summaries[rate]["slo_met"])
 
     def describe(self, rate: float) -> str:
         s = self.summaries[rate]
-        bits = [f"p99 {m} {s[m]['p99']:.3g} s" for m in ("ttft_s", "tpot_s", "e2e_s") if s[m]["p99"] is not None]
+        bits = [f"p99 {m.removesuffix('_s').upper()} {s[m]['p99']:.3g} s" for m in ("ttft_s", "tpot_s", "e2e_s")
+                if s[m]["p99"] is not None]
         bits.append(f"{s['requests_finished']}/{s['requests_total']} finished")
         return ", ".join(bits)
 
@@ -157,14 +164,15 @@ def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Ca
     if probe.met(start):
         lo, hi = grow(start)
     else:
-        hi, lo = start, start / 2
+        hi = start
         for _ in range(MAX_HALVINGS):
+            lo = hi / 2
             if probe.met(lo):
                 break
-            hi, lo = lo, lo / 2
+            hi = lo
         else:
-            raise CbsimError(f"{label}: the SLO is not met even at {lo:.3g} req/s, an almost idle server "
-                             f"({probe.describe(lo)}): a single request cannot meet it on this hardware; "
+            raise CbsimError(f"{label}: the SLO is not met even at {hi:.3g} req/s, an almost idle server "
+                             f"({probe.describe(hi)}): a single request cannot meet it on this hardware; "
                              f"loosen the SLO or use faster hardware")
     while True:
         while hi > lo * (1 + tolerance):

@@ -12,20 +12,42 @@ A request ends finished (it emitted its true output length, or hit ``max_tokens`
 ``max_model_len``), rejected (the policy says it can never be admitted, with a reason), or
 unfinished (still queued or running when the horizon is reached, or when no policy step can make
 progress and no arrival is pending). Nothing is dropped silently.
+
+Fast-forward (exact). Between arrivals and finishes a busy replica mostly repeats one step:
+every running request decodes one token and emits it. When the policy can prove that its next
+steps are such pure decodes (``Policy.decode_stretch``), the replica applies ``k`` of them at
+once: their step times are priced together (each exactly as a single step would be, contexts
+growing by one token per step), the clock is advanced by adding them one by one from ``env.now``
+as SimPy would, and the policy advances its state in the order ``k`` single steps would have
+(``Policy.advance_decodes``). A stretch stops strictly before the next arrival's event time,
+before the horizon, before the step in which any request would finish, and before KV memory
+would run out, so nothing any other process could observe differs: the same steps, tokens,
+times and records, bit for bit. ``Simulation(..., fast_forward=False)`` or the environment
+variable ``CBSIM_NO_FAST_FORWARD=1`` turns it off (for debugging; tests compare both).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import simpy
 
-from policies.base import Policy, Request, Status, emit_tokens
-from sim.latency.base import LatencyModel, step_shape
+from policies.base import Policy, Request, Status, StepPlan
+from sim.latency.base import LatencyModel, StepShape, step_shape
 from sim.metrics import Recorder, RequestRecord
 from sim.request_spec import RequestSpec
 
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
+
+MAX_STRETCH = 4096  # steps fast-forwarded at once at most (bounds the arrays of one stretch)
+MIN_STRETCH = 2  # shorter stretches are stepped normally
+
+
+def fast_forward_default() -> bool:
+    return os.environ.get("CBSIM_NO_FAST_FORWARD", "").strip().lower() in ("", "0", "false", "no")
 
 
 def round_robin() -> Router:
@@ -41,18 +63,25 @@ class Replica:
     """One serving engine: a policy (scheduler + KV memory) and a latency model on a clock."""
 
     def __init__(self, env: simpy.Environment, index: int, policy: Policy, latency: LatencyModel,
-                 recorder: Recorder, max_model_len: int, on_progress: Callable[[int], None] | None = None):
+                 recorder: Recorder, max_model_len: int, on_progress: Callable[[int], None] | None = None,
+                 simulation: Simulation | None = None, fast_forward: bool = False):
         self.env = env
         self.index = index
         self.policy = policy
         self.latency = latency
         self.recorder = recorder
+        self.steps = recorder.replica_steps(index)
         self.max_model_len = max_model_len
         self.records: dict[str, RequestRecord] = {}
         self.outstanding = 0  # requests handed to this replica and not yet ended
         self.wake = env.event()
         self.arrivals_done = False
         self.on_progress = on_progress
+        self.simulation = simulation
+        # fast-forward needs a policy that implements it and a simulation that knows the next arrival
+        self.fast_forward = (fast_forward and simulation is not None
+                             and type(policy).decode_stretch is not Policy.decode_stretch)
+        self.pricer = DecodePricer(latency) if self.fast_forward else None
         self.process = env.process(self.loop())
 
     def submit(self, rec: RequestRecord) -> None:
@@ -61,6 +90,10 @@ class Replica:
                       s.output_key, seq=len(self.records))
         rec.req = req
         rec.replica = self.index
+        rec.steps = self.steps
+        # the request is done when it has emitted its true output length, max_tokens, or reached
+        # max_model_len (emitted tokens are num_output_tokens: the engine is the only emitter)
+        rec.finish_at = min(s.output_tokens, s.max_tokens, self.max_model_len - s.prompt_tokens)
         self.records[s.id] = rec
         self.outstanding += 1
         self.policy.add_request(req)
@@ -73,13 +106,17 @@ class Replica:
     def _end(self, rec: RequestRecord, state: str, reason: str = "") -> None:
         rec.state = state
         rec.reason = reason
+        rec.release()
         self.outstanding -= 1
         if self.on_progress is not None:
             self.on_progress(1)
 
     def loop(self):
         env, policy, records = self.env, self.policy, self.records
-        latency, recorder = self.latency, self.recorder
+        latency, steps = self.latency, self.steps
+        append_step = steps.append
+        fast_forward = self.fast_forward
+        finished_status = Status.FINISHED
         while True:
             if not policy.has_work():
                 if self.arrivals_done:
@@ -87,6 +124,14 @@ class Replica:
                 self.wake = env.event()
                 yield self.wake
                 continue
+            if fast_forward:
+                stretch = policy.decode_stretch()
+                if stretch is not None:
+                    prepared = self._prepare_stretch(*stretch)
+                    if prepared is not None:
+                        yield env.timeout(prepared[0])
+                        self._apply_stretch(*prepared[1:])
+                        continue
             plan = policy.schedule()
             for req in plan.rejected:
                 self._end(records[req.id], "rejected", req.reject_reason or "rejected by the policy")
@@ -104,31 +149,193 @@ class Replica:
                 rec = records[req.id]
                 if rec.admitted_s != rec.admitted_s:  # first admission only (NaN check)
                     rec.admitted_s = start
-            shape = step_shape(plan)
+            shape = fast_step_shape(plan)
             dt, flops, bytes_ = latency.price(shape, plan)
             if plan.swap_out_blocks or plan.swap_in_blocks:
                 dt += latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
             yield env.timeout(dt)
             now = env.now
+            step = len(steps)  # this step's index on this replica
             finished = []
-            for req in emit_tokens(plan):
-                rec = records[req.id]
-                rec.token_times.append(now)
-                rec.generated += 1
-                if rec.generated == 1:
-                    rec.first_token_s = now
-                if (
-                    rec.generated >= rec.spec.output_tokens
-                    or req.num_output_tokens >= req.max_tokens
-                    or req.num_tokens >= self.max_model_len
-                ):
-                    req.status = Status.FINISHED
-                    rec.finish_s = now
-                    finished.append(req)
+            # emit_tokens(plan), and the end-of-request test, in one pass in batch order
+            for req in plan.scheduled:
+                out = req.num_output_tokens
+                if req.num_computed_tokens >= req.prompt_tokens + out:
+                    req.num_output_tokens = out + 1
+                    rec = records[req.id]
+                    if out == 0:
+                        rec.first_token_s = now
+                        rec.run_step = step
+                        rec.run_tok = 0
+                    elif step - rec.run_step != out - rec.run_tok:
+                        rec.break_run(step, out)
+                    if out + 1 >= rec.finish_at:
+                        req.status = finished_status
+                        rec.finish_s = now
+                        finished.append(req)
             policy.finish_step(plan, finished)
             for req in finished:
                 self._end(records[req.id], "finished")
-            recorder.on_step(self.index, start, dt, plan, policy, len(finished), shape, flops, bytes_)
+            reserved, used = policy.kv_tokens_reserved_and_used()
+            append_step(now, start, dt, policy.num_running, policy.num_waiting, shape, plan, len(finished),
+                        policy.kv_blocks_used(), policy.cpu_blocks_used(), reserved, used, flops, bytes_)
+
+    # --- fast-forward ---------------------------------------------------------------------------
+    def _prepare_stretch(self, batch: list[Request], context: int):
+        """Decide how many pure-decode steps to apply at once, price them and find where the
+        clock lands; None when fewer than MIN_STRETCH steps qualify."""
+        env, sim = self.env, self.simulation
+        now = env.now
+        bound = sim.next_arrival_at
+        if sim.horizon_s is not None and sim.horizon_s < bound:
+            bound = sim.horizon_s
+        b = len(batch)
+        # a cheap bound from the next step's time (step times grow with the context)
+        dt1 = self.pricer.first_step_time(b, context)
+        if not dt1 > 0:
+            return None
+        room = bound - now
+        if room < MIN_STRETCH * dt1:
+            return None
+        k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1)
+        # no request may finish within the stretch: stop before the first one's last token
+        records = self.records
+        for req in batch:
+            margin = records[req.id].finish_at - req.num_output_tokens - 1
+            if margin < k:
+                k = margin
+                if k < MIN_STRETCH:
+                    return None
+        k = self.policy.decode_stretch_limit(batch, k)
+        if k < MIN_STRETCH:
+            return None
+        dts, flops, bytes_ = self.pricer.price(batch, context, k)
+        times = np.empty(k + 1, dtype=np.float64)
+        times[0] = now
+        times[1:] = dts
+        np.cumsum(times, out=times)  # sequential: now + dt1, then + dt2, ... as SimPy adds them
+        # every step must end strictly before the next arrival and the horizon
+        k = int(np.searchsorted(times[1:], bound, side="left"))
+        if k < MIN_STRETCH:
+            return None
+        times = times[: k + 1]
+        return landing_delay(now, float(times[k])), batch, k, times, dts[:k], flops[:k], bytes_[:k]
+
+    def _apply_stretch(self, batch, k, times, dts, flops, bytes_) -> None:
+        policy, records, steps = self.policy, self.records, self.steps
+        step = len(steps)  # the stretch's first step on this replica
+        first_time = None
+        for req in batch:
+            out = req.num_output_tokens
+            rec = records[req.id]
+            if out == 0:  # a 1-token prompt remainder: its first token comes with the first step
+                if first_time is None:
+                    first_time = float(times[1])
+                rec.first_token_s = first_time
+                rec.run_step = step
+                rec.run_tok = 0
+            elif step - rec.run_step != out - rec.run_tok:
+                rec.break_run(step, out)
+        kv_used, reserved, stored = policy.advance_decodes(batch, k)
+        b = len(batch)
+        steps.extend_decodes(times, dts, policy.num_running, policy.num_waiting, b, kv_used,
+                             policy.cpu_blocks_used(), reserved, stored, flops, bytes_)
+
+
+def landing_delay(now: float, target: float) -> float:
+    """A delay ``d`` with ``now + d == target`` in floating point (what SimPy computes)."""
+    d = target - now
+    while now + d < target:
+        d = math.nextafter(d, math.inf)
+    while now + d > target:
+        d = math.nextafter(d, -math.inf)
+    if now + d != target:  # cannot happen for 0 <= now <= target; never land elsewhere
+        raise AssertionError(f"no delay lands exactly at {target!r} from {now!r}")
+    return d
+
+
+def fast_step_shape(plan: StepPlan) -> StepShape:
+    """``step_shape(plan)``, computed without a Python loop when every scheduled request decodes."""
+    nn = plan.num_new_tokens
+    if nn and not plan.padding_tokens and not plan.padding_context:
+        ctx = plan.context
+        if min(nn) == 1 == max(nn) and min(ctx) > 0:
+            b = len(nn)
+            d = sum(ctx) + b
+            return StepShape(num_tokens=b, num_seqs=len(plan.scheduled), prefill_tokens=0, decode_tokens=b,
+                             prefill_attn=0.0, decode_ctx=d, kv_tokens_read=d)
+    return step_shape(plan)
+
+
+class DecodePricer:
+    """Prices ``k`` consecutive pure-decode steps of a batch, each exactly as the latency model
+    prices that step alone. Step ``j`` (1-based) of a batch of ``b`` requests whose contexts sum
+    to ``C`` has decode context ``C + b·j`` (keys read: each request's context plus its new token).
+
+    A latency model may provide ``price_decodes(num_seqs, context, k) -> (seconds, flops,
+    bytes)`` (arrays). The roofline and constant models are priced here with NumPy, term by term
+    as their ``price`` computes one step (checked against it on the first and last step of every
+    stretch). Any other model is priced one step at a time through its own ``price``."""
+
+    def __init__(self, latency: LatencyModel) -> None:
+        from sim.latency.constant import ConstantLatency
+        from sim.latency.roofline import RooflineLatency
+
+        self.latency = latency
+        self.custom = getattr(latency, "price_decodes", None)
+        kind = type(latency)
+        self.kind = "roofline" if kind is RooflineLatency else "constant" if kind is ConstantLatency else None
+
+    @staticmethod
+    def shape(b: int, context: int, j: int) -> StepShape:
+        d = context + b * j
+        return StepShape(num_tokens=b, num_seqs=b, prefill_tokens=0, decode_tokens=b, prefill_attn=0.0,
+                         decode_ctx=d, kv_tokens_read=d)
+
+    def first_step_time(self, b: int, context: int) -> float:
+        return self.latency.price(self.shape(b, context, 1), None)[0]
+
+    def price(self, batch: list[Request], context: int, k: int):
+        b = len(batch)
+        if self.custom is not None:
+            dts, flops, bytes_ = self.custom(b, context, k)
+            return np.asarray(dts, dtype=np.float64), np.asarray(flops), np.asarray(bytes_)
+        if self.kind is not None:
+            out = self._vectorized(b, context, k)
+            if out is not None:
+                return out
+        return self._stepwise(batch, context, k)
+
+    def _vectorized(self, b: int, context: int, k: int):
+        lat = self.latency
+        d = context + b * np.arange(1, k + 1, dtype=np.int64)  # decode_ctx = kv_tokens_read
+        # LatencyModel.step_flops_bytes, term by term
+        flops = lat._flops_per_token * b + lat._attn_flops_per_pair * (0.0 + d)
+        bytes_ = lat._weight_bytes + lat.kv_bytes_per_token * (d + b) + lat._act_bytes_per_token * b
+        if self.kind == "roofline":
+            dts = np.maximum(flops / lat.compute_rate, bytes_ / lat.memory_rate) + lat.overhead_s
+        else:
+            dts = np.full(k, lat.step_s, dtype=np.float64)
+        dts = np.asarray(dts, dtype=np.float64)
+        for j in (0, k - 1):  # the model's own price of the first and last step must agree
+            dt, f, by = lat.price(self.shape(b, context, j + 1), None)
+            if not (dt == dts[j] and f == flops[j] and by == bytes_[j]):
+                self.kind = None  # the model changed under us: price step by step from now on
+                return None
+        return dts, flops, bytes_
+
+    def _stepwise(self, batch: list[Request], context: int, k: int):
+        lat = self.latency
+        b = len(batch)
+        ctx0 = [r.num_computed_tokens for r in batch]
+        dts, flops, bytes_ = np.empty(k), [], []
+        for j in range(k):
+            plan = StepPlan(scheduled=list(batch), num_new_tokens=[1] * b, context=[c + j for c in ctx0])
+            dt, f, by = lat.price(step_shape(plan), plan)
+            dts[j] = dt
+            flops.append(f)
+            bytes_.append(by)
+        return dts, np.asarray(flops), np.asarray(bytes_)
 
 
 class Simulation:
@@ -136,16 +343,20 @@ class Simulation:
 
     def __init__(self, specs: Sequence[RequestSpec], replicas: Sequence[tuple[Policy, LatencyModel]],
                  max_model_len: int, router: Router | None = None, horizon_s: float | None = None,
-                 on_progress: Callable[[int], None] | None = None):
+                 on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None):
         self.env = simpy.Environment()
         self.specs = specs
         self.recorder = Recorder()
+        self.horizon_s = horizon_s
+        self.next_arrival_at = math.inf  # event time of the next arrival not yet handed out
+        if fast_forward is None:
+            fast_forward = fast_forward_default()
+        self.fast_forward = fast_forward
         self.replicas = [
-            Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress)
+            Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress, self, fast_forward)
             for i, (pol, lat) in enumerate(replicas)
         ]
         self.router = router or round_robin()
-        self.horizon_s = horizon_s
         self.records = [RequestRecord(s) for s in specs]
         for rec in self.records:
             self.recorder.add_request(rec)
@@ -156,9 +367,12 @@ class Simulation:
         for rec in self.records:
             delay = rec.spec.arrival_s - env.now
             if delay > 0:
+                self.next_arrival_at = env.now + delay  # exactly where SimPy puts the timeout
                 yield env.timeout(delay)
+            self.next_arrival_at = env.now
             idx = self.router(rec.spec, self.replicas)
             self.replicas[idx].submit(rec)
+        self.next_arrival_at = math.inf
         for rep in self.replicas:
             rep.arrivals_done = True
             rep._kick()

@@ -1,14 +1,34 @@
 """Per-request and per-step records of one run, collected as the engine goes.
 
-Records are plain columns (lists of numbers) while the run is hot and become pandas DataFrames
-once at the end: no DataFrame is built per step. ``requests`` has one row per request (with every
-token time); ``steps`` one row per step. ``sim.summary`` turns both into the summary.
+Records are typed columns while the run is hot and become pandas DataFrames once at the end: no
+DataFrame is built per step, and no Python object is made per step or per token.
+
+* Steps: each replica appends its rows to its own :class:`ReplicaSteps` (one ``array`` of 8-byte
+  values per column, plus the exact time each step ended). ``steps_frame()`` merges the replicas'
+  rows in the order their steps ended (ties by replica index); the ``step`` column numbers the
+  merged rows.
+* Token times: a request's tokens are emitted at the ends of steps of its replica, and a running
+  request emits at every step until it finishes, so its token times are stored as *runs* of
+  consecutive steps, ``(first step, number of tokens)``, usually one or two runs per request.
+  Token ``t`` of a request is at the end time of step ``run_step + (t - run_tok)`` of its current
+  run; earlier runs (broken by a preemption, or by a step that did not schedule it) are closed
+  into ``runs``. Every time is the very float the engine's clock showed when the token was
+  emitted, so nothing is approximated.
+* ``requests_frame()`` has one row per request; ``token_times_s`` holds every token's time as a
+  NumPy array, unless the run emitted more than ``token_times_limit`` tokens (default
+  :data:`TOKEN_TIMES_LIMIT`, environment variable ``CBSIM_TOKEN_TIMES_LIMIT``): then the column is
+  left out to keep memory bounded (8 bytes per token would be 1.7 GB for a million chat
+  requests), and :meth:`Recorder.itl_stats` gives the inter-token-latency figures of the summary
+  exactly from the runs. :meth:`Recorder.token_times` still gives any one request's times.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from array import array
 
+import numpy as np
 import pandas as pd
 
 from policies.base import Request, StepPlan
@@ -38,6 +58,111 @@ STEP_COLUMNS = (
     "flops",
     "bytes",
 )
+REQUEST_COLUMNS = (
+    "id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "generated",
+    "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "state", "reason",
+    "preemptions", "swaps", "token_times_s",
+)
+# columns a replica stores per step (``replica`` and ``step`` are added when frames are built)
+STORED_COLUMNS = STEP_COLUMNS[2:]
+_FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes")
+_MAYBE_INT = ("flops", "bytes")  # int64 in the frame if every value was an integer
+
+TOKEN_TIMES_LIMIT = 50_000_000  # tokens; beyond this, token_times_s is not built in memory
+_EXACT_INT_FLOAT = 2**53
+
+
+def token_times_limit() -> int:
+    value = os.environ.get("CBSIM_TOKEN_TIMES_LIMIT")
+    return int(value) if value else TOKEN_TIMES_LIMIT
+
+
+class ReplicaSteps:
+    """One replica's step rows: a typed column per stored field, and each step's end time."""
+
+    def __init__(self, replica: int) -> None:
+        self.replica = replica
+        self.columns = {c: array("d" if c in _FLOAT_COLUMNS else "q") for c in STORED_COLUMNS}
+        self.ends = array("d")  # the clock when each step ended: the time of its tokens
+        self.all_int = {c: True for c in _MAYBE_INT}
+        cols = self.columns
+        self._append = tuple(cols[c].append for c in STORED_COLUMNS[:-2])
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def append(self, end: float, start: float, duration: float, running: int, waiting: int,
+               shape, plan: StepPlan, n_finished: int, kv_blocks_used: int, cpu_blocks_used: int,
+               reserved: int, used: int, flops, bytes_) -> None:
+        (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
+         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used) = self._append
+        a_start(start)
+        a_dur(duration)
+        a_run(running)
+        a_wait(waiting)
+        a_seqs(shape.num_seqs)
+        a_pre(shape.prefill_tokens)
+        a_dec(shape.decode_tokens)
+        a_tok(shape.num_tokens)
+        a_pad(plan.padding_tokens)
+        a_adm(len(plan.admitted))
+        a_fin(n_finished)
+        a_pree(len(plan.preempted))
+        a_rej(len(plan.rejected))
+        a_so(plan.swap_out_blocks)
+        a_si(plan.swap_in_blocks)
+        a_kv(kv_blocks_used)
+        a_cpu(cpu_blocks_used)
+        a_res(reserved)
+        a_used(used)
+        self._add_maybe_int("flops", flops)
+        self._add_maybe_int("bytes", bytes_)
+        self.ends.append(end)
+
+    def _add_maybe_int(self, name: str, value) -> None:
+        if self.all_int[name] and isinstance(value, float):
+            self.all_int[name] = False
+        self.columns[name].append(value)
+
+    def extend_decodes(self, times: np.ndarray, durations: np.ndarray, running: int, waiting: int,
+                       num_seqs: int, kv_blocks_used, cpu_blocks_used: int, reserved, used,
+                       flops: np.ndarray, bytes_: np.ndarray) -> None:
+        """Rows of ``k`` pure-decode steps at once: ``times`` holds the clock before the first
+        step and after each one (``k + 1`` values)."""
+        k = len(durations)
+        cols = self.columns
+
+        def const(value: int) -> bytes:
+            return np.full(k, value, dtype=np.int64).tobytes()
+
+        cols["start_s"].frombytes(np.ascontiguousarray(times[:-1], dtype=np.float64).tobytes())
+        cols["duration_s"].frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
+        zeros = const(0)
+        for name, value in (("running", running), ("waiting", waiting), ("num_seqs", num_seqs),
+                            ("decode_tokens", num_seqs), ("batch_tokens", num_seqs),
+                            ("cpu_blocks_used", cpu_blocks_used)):
+            cols[name].frombytes(const(value))
+        for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
+                     "rejected", "swap_out_blocks", "swap_in_blocks"):
+            cols[name].frombytes(zeros)
+        for name, values in (("kv_blocks_used", kv_blocks_used), ("kv_reserved_tokens", reserved),
+                             ("kv_used_tokens", used)):
+            cols[name].frombytes(np.asarray(values, dtype=np.int64).tobytes())
+        for name, values in (("flops", flops), ("bytes", bytes_)):
+            values = np.asarray(values)
+            if values.dtype.kind == "f":
+                self.all_int[name] = False
+            cols[name].frombytes(values.astype(np.float64).tobytes())
+        self.ends.frombytes(np.ascontiguousarray(times[1:], dtype=np.float64).tobytes())
+
+    def column(self, name: str) -> np.ndarray:
+        values = np.frombuffer(self.columns[name], dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)
+        if name in _MAYBE_INT and self.all_int[name] and (not len(values) or np.abs(values).max() < _EXACT_INT_FLOAT):
+            return values.astype(np.int64)
+        return values
+
+    def end_times(self) -> np.ndarray:
+        return np.frombuffer(self.ends, dtype=np.float64)
 
 
 class RequestRecord:
@@ -51,9 +176,16 @@ class RequestRecord:
         "finish_s",
         "state",
         "reason",
-        "generated",
-        "token_times",
         "req",
+        # engine bookkeeping: the token count that ends the request, and the token-time runs
+        "finish_at",
+        "run_step",
+        "run_tok",
+        "runs",
+        "steps",
+        "_generated",
+        "_preemptions",
+        "_swaps",
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
@@ -64,67 +196,263 @@ class RequestRecord:
         self.finish_s = float("nan")
         self.state = "unfinished"
         self.reason = ""
-        self.generated = 0
-        self.token_times = array("d")
         self.req: Request | None = None
+        self.finish_at = 0
+        self.run_step = 0  # replica step of the current run's first token
+        self.run_tok = 0  # index of the current run's first token
+        self.runs: list[tuple[int, int]] | None = None  # closed runs: (first step, tokens)
+        self.steps: ReplicaSteps | None = None
+        self._generated = 0
+        self._preemptions = 0
+        self._swaps = 0
+
+    @property
+    def generated(self) -> int:
+        """Tokens emitted so far (the request's ``num_output_tokens``)."""
+        return self.req.num_output_tokens if self.req is not None else self._generated
+
+    @property
+    def preemptions(self) -> int:
+        return self.req.num_preemptions if self.req is not None else self._preemptions
+
+    @property
+    def swaps(self) -> int:
+        return self.req.num_swaps if self.req is not None else self._swaps
+
+    def break_run(self, step: int, token: int) -> None:
+        """Token ``token`` is emitted at ``step``, not right after the previous token's step."""
+        if self.runs is None:
+            self.runs = []
+        self.runs.append((self.run_step, token - self.run_tok))
+        self.run_step = step
+        self.run_tok = token
+
+    def release(self) -> None:
+        """The request has ended: keep its counters and let its scheduler state go."""
+        req = self.req
+        if req is not None:
+            self._generated = req.num_output_tokens
+            self._preemptions = req.num_preemptions
+            self._swaps = req.num_swaps
+            self.req = None
+
+    def token_runs(self) -> list[tuple[int, int]]:
+        """Every run of consecutive steps of this request's tokens: ``(first step, tokens)``."""
+        out = list(self.runs) if self.runs else []
+        n = self.generated - self.run_tok
+        if n > 0:
+            out.append((self.run_step, n))
+        return out
+
+    @property
+    def token_times(self) -> array:
+        """Every token's time (built from the runs and the replica's step end times)."""
+        out = array("d")
+        if self.steps is None:
+            return out
+        ends = self.steps.ends
+        for first, n in self.token_runs():
+            out.extend(ends[first:first + n])
+        return out
 
 
 class Recorder:
-    """Collects one policy's run. The engine calls ``on_step`` once per step."""
+    """Collects one policy's run. Each replica appends its steps to :meth:`replica_steps`."""
 
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []
-        self.cols: dict[str, list] = {c: [] for c in STEP_COLUMNS}
-        self._step = 0
+        self.replicas: list[ReplicaSteps] = []
+        self.token_times_limit = token_times_limit()
+
+    def replica_steps(self, replica: int) -> ReplicaSteps:
+        while len(self.replicas) <= replica:
+            self.replicas.append(ReplicaSteps(len(self.replicas)))
+        return self.replicas[replica]
 
     def add_request(self, rec: RequestRecord) -> None:
         self.records.append(rec)
 
     def on_step(self, replica: int, start: float, duration: float, plan: StepPlan, policy,
-                n_finished: int, shape, flops: float, bytes_: float) -> None:
-        c = self.cols
+                n_finished: int, shape, flops: float, bytes_: float, end: float | None = None) -> None:
+        """Record one step (the engine's own path appends to :class:`ReplicaSteps` directly)."""
         reserved, used = policy.kv_tokens_reserved_and_used()
-        row = (
-            replica, self._step, start, duration, policy.num_running, policy.num_waiting,
-            shape.num_seqs, shape.prefill_tokens, shape.decode_tokens, shape.num_tokens,
-            plan.padding_tokens, len(plan.admitted), n_finished, len(plan.preempted),
-            len(plan.rejected), plan.swap_out_blocks, plan.swap_in_blocks,
-            policy.kv_blocks_used(), policy.cpu_blocks_used(), reserved, used, flops, bytes_,
-        )
-        for name, value in zip(STEP_COLUMNS, row):
-            c[name].append(value)
-        self._step += 1
+        self.replica_steps(replica).append(
+            start + duration if end is None else end, start, duration, policy.num_running,
+            policy.num_waiting, shape, plan, n_finished, policy.kv_blocks_used(),
+            policy.cpu_blocks_used(), reserved, used, flops, bytes_)
 
-    def requests_frame(self) -> pd.DataFrame:
-        rows = []
-        for r in self.records:
-            s = r.spec
-            ttft = r.first_token_s - s.arrival_s
-            e2e = r.finish_s - s.arrival_s if r.state == "finished" else float("nan")
-            tpot = (
-                (r.finish_s - r.first_token_s) / (r.generated - 1)
-                if r.state == "finished" and r.generated > 1
-                else float("nan")
-            )
-            req = r.req
-            rows.append(
-                (
-                    s.id, r.replica, s.arrival_s, s.prompt_tokens, s.output_tokens, s.max_tokens,
-                    r.generated, r.admitted_s, r.first_token_s, r.finish_s, ttft, tpot, e2e,
-                    r.state, r.reason,
-                    req.num_preemptions if req is not None else 0,
-                    req.num_swaps if req is not None else 0,
-                    r.token_times.tolist(),
-                )
-            )
-        return pd.DataFrame(
-            rows,
-            columns=[
-                "id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens",
-                "generated", "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
-                "e2e_s", "state", "reason", "preemptions", "swaps", "token_times_s",
-            ],
-        )
+    # --- token times --------------------------------------------------------------------------
+    def total_tokens(self) -> int:
+        return sum(r.generated for r in self.records)
+
+    def _runs(self, records):
+        """Arrays over every run of the given records: global step index, length, and the
+        records' token offsets into the flattened token list."""
+        offsets = np.zeros(len(self.replicas) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in self.replicas], out=offsets[1:])
+        starts, lengths, counts = [], [], []
+        for r in records:
+            n_runs = 0
+            base = int(offsets[r.replica]) if r.steps is not None else 0
+            for first, n in r.token_runs():
+                starts.append(base + first)
+                lengths.append(n)
+                n_runs += 1
+            counts.append(n_runs)
+        return (np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
+                np.asarray(counts, dtype=np.int64))
+
+    def _all_ends(self) -> np.ndarray:
+        if not self.replicas:
+            return np.zeros(0)
+        return np.concatenate([s.end_times() for s in self.replicas])
+
+    def _flat_token_times(self, records) -> tuple[np.ndarray, np.ndarray]:
+        """Every token time of ``records``, flattened, and each record's token count."""
+        starts, lengths, _ = self._runs(records)
+        total = int(lengths.sum())
+        if total == 0:
+            return np.zeros(0), np.asarray([r.generated for r in records], dtype=np.int64)
+        run_off = np.cumsum(lengths) - lengths
+        idx = np.arange(total, dtype=np.int64) + np.repeat(starts - run_off, lengths)
+        return self._all_ends()[idx], np.asarray([r.generated for r in records], dtype=np.int64)
+
+    def token_times(self, index: int) -> np.ndarray:
+        """Token times of the ``index``-th request (in workload order)."""
+        return np.asarray(self.records[index].token_times, dtype=float)
+
+    def itl_stats(self, finished_only: bool = True) -> dict:
+        """Mean and percentiles of every gap between consecutive tokens of a request, over the
+        finished requests, computed from the runs without building the per-token list.
+
+        Within a run, a gap is the difference of two consecutive step end times, so each
+        step's gap is counted once per request decoding across it (a weighted multiset);
+        gaps across runs are added one by one. Percentiles are order statistics of that
+        multiset, interpolated as ``numpy.percentile`` does (its default, linear method), so
+        they equal what ``numpy.percentile`` gives on the full list."""
+        from sim.summary import PERCENTILES
+
+        records = [r for r in self.records if r.state == "finished"] if finished_only else self.records
+        starts, lengths, counts = self._runs(records)
+        ends = self._all_ends()
+        n_steps = len(ends)
+        weight = np.zeros(n_steps + 1, dtype=np.int64)
+        long_runs = lengths > 1
+        np.add.at(weight, starts[long_runs], 1)
+        np.add.at(weight, starts[long_runs] + lengths[long_runs] - 1, -1)
+        weight = np.cumsum(weight)[: max(n_steps - 1, 0)]
+        gaps = np.diff(ends) if n_steps > 1 else np.zeros(0)
+        # gaps between the runs of one request: previous run's last token to next run's first
+        multi = np.flatnonzero(counts > 1)
+        cross = []
+        if multi.size:
+            first_run = np.cumsum(counts) - counts
+            for i in multi:
+                a = int(first_run[i])
+                for j in range(a, a + int(counts[i]) - 1):
+                    cross.append(ends[starts[j + 1]] - ends[starts[j] + lengths[j] - 1])
+        keep = weight > 0
+        values = np.concatenate([gaps[keep], np.asarray(cross, dtype=np.float64)])
+        weights = np.concatenate([weight[keep], np.ones(len(cross), dtype=np.int64)])
+        return weighted_stats(values, weights, PERCENTILES)
+
+    # --- frames ------------------------------------------------------------------------------
+    def requests_frame(self, token_times: bool | None = None) -> pd.DataFrame:
+        """One row per request. ``token_times``: include ``token_times_s`` (default: when the
+        run emitted at most ``token_times_limit`` tokens)."""
+        recs = self.records
+        gen = np.fromiter((r.generated for r in recs), dtype=np.int64, count=len(recs))
+        if token_times is None:
+            token_times = int(gen.sum()) <= self.token_times_limit
+        arrival = np.fromiter((r.spec.arrival_s for r in recs), dtype=np.float64, count=len(recs))
+        first = np.fromiter((r.first_token_s for r in recs), dtype=np.float64, count=len(recs))
+        finish = np.fromiter((r.finish_s for r in recs), dtype=np.float64, count=len(recs))
+        state = [r.state for r in recs]
+        done = np.fromiter((s == "finished" for s in state), dtype=bool, count=len(recs))
+        nan = math.nan
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ttft = first - arrival
+            e2e = np.where(done, finish - arrival, nan)
+            tpot = np.where(done & (gen > 1), (finish - first) / np.where(gen > 1, gen - 1, 1), nan)
+        cols = {
+            "id": [r.spec.id for r in recs],
+            "replica": np.fromiter((r.replica for r in recs), dtype=np.int64, count=len(recs)),
+            "arrival_s": arrival,
+            "prompt_tokens": np.fromiter((r.spec.prompt_tokens for r in recs), dtype=np.int64, count=len(recs)),
+            "output_tokens": np.fromiter((r.spec.output_tokens for r in recs), dtype=np.int64, count=len(recs)),
+            "max_tokens": np.fromiter((r.spec.max_tokens for r in recs), dtype=np.int64, count=len(recs)),
+            "generated": gen,
+            "admitted_s": np.fromiter((r.admitted_s for r in recs), dtype=np.float64, count=len(recs)),
+            "first_token_s": first,
+            "finish_s": finish,
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "e2e_s": e2e,
+            "state": state,
+            "reason": [r.reason for r in recs],
+            "preemptions": np.fromiter((r.preemptions for r in recs), dtype=np.int64, count=len(recs)),
+            "swaps": np.fromiter((r.swaps for r in recs), dtype=np.int64, count=len(recs)),
+        }
+        columns = list(REQUEST_COLUMNS)
+        if token_times:
+            flat, counts = self._flat_token_times(recs)
+            bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+            tt = np.empty(len(recs), dtype=object)
+            for i in range(len(recs)):
+                tt[i] = flat[bounds[i]:bounds[i + 1]]
+            cols["token_times_s"] = tt
+        else:
+            columns.remove("token_times_s")
+        return pd.DataFrame(cols, columns=columns)
 
     def steps_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.cols, columns=list(STEP_COLUMNS))
+        """One row per step, every replica's, in the order the steps ended (ties: replica index)."""
+        reps = [s for s in self.replicas if len(s)]
+        n = sum(len(s) for s in reps)
+        cols: dict[str, np.ndarray] = {}
+        if len(reps) <= 1:
+            rep = reps[0] if reps else None
+            cols["replica"] = np.full(n, rep.replica if rep else 0, dtype=np.int64)
+            cols["step"] = np.arange(n, dtype=np.int64)
+            for name in STORED_COLUMNS:
+                cols[name] = rep.column(name) if rep else np.zeros(0, dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)
+        else:
+            replica = np.concatenate([np.full(len(s), s.replica, dtype=np.int64) for s in reps])
+            order = np.lexsort((replica, np.concatenate([s.end_times() for s in reps])))
+            cols["replica"] = replica[order]
+            cols["step"] = np.arange(n, dtype=np.int64)
+            for name in STORED_COLUMNS:
+                parts = [s.column(name) for s in reps]
+                if name in _MAYBE_INT and len({p.dtype for p in parts}) > 1:
+                    parts = [p.astype(np.float64) for p in parts]
+                cols[name] = np.concatenate(parts)[order]
+        return pd.DataFrame(cols, columns=list(STEP_COLUMNS))
+
+
+def weighted_stats(values: np.ndarray, weights: np.ndarray, percentiles) -> dict:
+    """``sim.summary.stats`` of a multiset given as distinct-or-not values with integer counts."""
+    n = int(weights.sum()) if len(weights) else 0
+    if n == 0:
+        return {"mean": None, **{f"p{p}": None for p in percentiles}}
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    cum = np.cumsum(weights[order])
+    out = {"mean": float(np.dot(values, weights.astype(np.float64)) / n)}
+
+    def nth(i: int) -> np.float64:  # the i-th smallest element (0-based) of the multiset
+        return v[int(np.searchsorted(cum, i, side="right"))]
+
+    for p in percentiles:
+        # numpy.percentile, method "linear": virtual index (n - 1) * q, then its _lerp
+        q = np.true_divide(p, 100)
+        virtual = (n - 1) * q
+        lo = math.floor(virtual)
+        if virtual >= n - 1:
+            out[f"p{p}"] = float(nth(n - 1))
+            continue
+        a, b = nth(lo), nth(lo + 1)
+        gamma = np.float64(virtual - lo)
+        diff = b - a
+        value = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+        out[f"p{p}"] = float(value)
+    return out

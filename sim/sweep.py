@@ -14,8 +14,8 @@ Why it is built this way:
   policy selection. A rerun (or a run after Ctrl-C) skips every point whose file exists, so an
   interruption loses at most the points that were running. Change the scenario and the keys
   change: stale points are never reused.
-* Workers: ``min(points, CPUs)`` local processes by default (``spawn``ed, so a sweep started
-  from a threaded program or a notebook is safe); ``--workers 1`` runs in this process. Ray
+* Workers: ``min(points, CPUs)`` local processes by default (forked on Linux, see
+  :func:`_pool_context`); ``--workers 1`` runs in this process. Ray
   (``--backend ray``) runs the same function as Ray tasks on a local instance, or on an existing
   cluster given ``--ray-address`` (whose nodes need cbsim installed, at the same version).
 
@@ -154,6 +154,14 @@ def make_points(rates: Sequence[float] | None = None, vary: tuple[str, Sequence[
     return points
 
 
+def arrival_rate(scn) -> float | None:
+    """The scenario's synthetic arrival rate; None when arrivals are a trace's or written out."""
+    w = scn.workload
+    if w.requests is not None or w.arrival.process == "trace":
+        return None
+    return w.arrival.rate
+
+
 # --- running one point ---------------------------------------------------------------------
 def flatten(summary: dict, prefix: str = "") -> dict[str, Any]:
     """``{"ttft_s": {"p99": x}}`` -> ``{"ttft_s.p99": x}``."""
@@ -188,34 +196,48 @@ def default_workers(n_tasks: int) -> int:
 
 
 def execute(fn: Callable, tasks: Sequence[tuple], on_result: Callable[[int, Any], None], *,
-            backend: str = "local", workers: int | None = None, ray_address: str | None = None) -> None:
+            backend: str = "local", workers: int | None = None, ray_address: str | None = None,
+            on_start: Callable[[], None] = lambda: None) -> None:
     """Call ``fn(*task)`` for every task and hand each result to ``on_result(index, result)`` in
     the calling process as it finishes (completion order). ``fn`` must be importable (module
-    level) for process pools and Ray."""
+    level) for process pools and Ray. ``on_start`` runs once the workers exist (start progress
+    displays there, so no thread of theirs is forked)."""
     if not tasks:
         return
     workers = workers or default_workers(len(tasks))
     if workers < 1:
         raise CbsimError(f"--workers must be at least 1, got {workers}")
     if backend == "local":
-        _execute_local(fn, tasks, on_result, min(workers, len(tasks)))
+        _execute_local(fn, tasks, on_result, min(workers, len(tasks)), on_start)
     elif backend == "ray":
-        _execute_ray(fn, tasks, on_result, min(workers, len(tasks)), ray_address)
+        _execute_ray(fn, tasks, on_result, min(workers, len(tasks)), ray_address, on_start)
     else:
         raise CbsimError(f"unknown --backend {backend!r}: use local or ray")
 
 
-def _execute_local(fn, tasks, on_result, workers: int) -> None:
+def _pool_context():
+    """``fork`` on Linux: workers start in milliseconds and a script needs no ``if __name__ ==
+    "__main__"`` guard; they are forked before any thread of ours (the progress bar) starts, and
+    only simulate. Elsewhere ``spawn`` (macOS's frameworks are not fork-safe): there, scripts that
+    start a sweep need the main guard, as any multiprocessing program does."""
+    import multiprocessing
+    import sys
+
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
+def _execute_local(fn, tasks, on_result, workers: int, on_start) -> None:
     if workers == 1:
+        on_start()
         for i, task in enumerate(tasks):
             on_result(i, fn(*task))
         return
-    import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
     try:
         futures = {pool.submit(fn, *task): i for i, task in enumerate(tasks)}
+        on_start()  # every worker exists now (a fork pool starts them all at the first submit)
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -235,7 +257,7 @@ def require_ray():
     return ray
 
 
-def _execute_ray(fn, tasks, on_result, workers: int, address: str | None) -> None:
+def _execute_ray(fn, tasks, on_result, workers: int, address: str | None, on_start) -> None:
     ray = require_ray()
     started = False
     if not ray.is_initialized():
@@ -245,16 +267,18 @@ def _execute_ray(fn, tasks, on_result, workers: int, address: str | None) -> Non
             ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR",
                      log_to_driver=False)
         started = True
+    refs: dict = {}
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(fn)
         refs = {remote.remote(*task): i for i, task in enumerate(tasks)}
+        on_start()
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
                 on_result(refs[ref], ray.get(ref))
     except BaseException:
-        for ref in refs if "refs" in locals() else ():
+        for ref in refs:
             ray.cancel(ref, force=True)
         raise
     finally:
@@ -299,9 +323,10 @@ def sweep(scenario, points: Sequence[Point], out_dir, overrides: Iterable[str] =
             if label not in labels:
                 raise CbsimError(f"--policy {label!r} is not in the scenario{nearest(label, labels)}; "
                                  f"its policies are: {', '.join(labels)}")
-    if any(p.rate is not None for p in points) and getattr(base.workload.arrival, "rate", None) is None:
+    if any(p.rate is not None for p in points) and arrival_rate(base) is None:
         raise CbsimError("--rates sets workload.arrival.rate, but this scenario's workload has no arrival "
-                         "rate (a trace or an explicit request list); use --vary on another field")
+                         "rate (a replayed trace or written-out workload.requests); use a synthetic arrival "
+                         "process, or --vary another field (e.g. workload.trace.rate_scale=1,2,4)")
     # resolve every point first: a bad --vary value fails before anything runs
     resolved = [load_scenario(base, list(p.overrides)) for p in points]
     keys = [point_key(s, policies) for s in resolved]
@@ -320,14 +345,16 @@ def sweep(scenario, points: Sequence[Point], out_dir, overrides: Iterable[str] =
         tracker(1)
 
     tasks = [(resolved[first_of[k]], policies) for k in unique_todo]
-    with _progress(progress, len(points), len(points) - len(todo)) as tracker:
-        execute(run_point, tasks, save, backend=backend, workers=workers, ray_address=ray_address)
+    with _Tracker(len(points), len(points) - len(todo), progress) as tracker:
+        execute(run_point, tasks, save, backend=backend, workers=workers, ray_address=ray_address,
+                on_start=tracker.start)
     table = assemble(points, keys, resolved, pdir, labels if not policies else
                      [lbl for lbl in labels if lbl in policies])
     _write_atomic(table, out / "sweep.parquet")
     result = SweepResult(table, out, ran=len(unique_todo), skipped=len(points) - len(todo), points=list(points))
     if plot and len(table):
-        result.plot = write_plot(table, base.slo, out, estimate_capacity(table))
+        result.plot = write_plot(table, base.slo, out, estimate_capacity(table),
+                                 f"latency versus load: {base.name} (capacity marked: highest swept rate meeting the SLO)")
     return result
 
 
@@ -343,7 +370,7 @@ def assemble(points: Sequence[Point], keys: Sequence[str], resolved, pdir: Path,
         df.insert(0, "key", key)
         if p.field is not None:
             df.insert(0, p.field, p.value)
-        df.insert(0, "rate", getattr(scn.workload.arrival, "rate", None))
+        df.insert(0, "rate", arrival_rate(scn))
         df.insert(0, "point", p.index)
         frames.append(df)
     table = pd.concat(frames, ignore_index=True)
@@ -391,50 +418,45 @@ def _series_key(table: pd.DataFrame) -> pd.Series:
 
 # --- the latency-versus-load plot ----------------------------------------------------------
 def plot_latency_vs_load(table: pd.DataFrame, slo=None, capacity: dict[str, float] | None = None,
-                         title: str | None = None, ax=None):
-    """p50 (dashed) and p99 (solid) TTFT and TPOT per policy against the arrival rate, with the
-    SLO bounds as horizontal lines and each policy's capacity point marked when known
-    (``capacity``: label -> rate, e.g. from :func:`sim.capacity.capacity`)."""
-    import matplotlib
+                         title: str | None = None):
+    """p50 (dashed) and p99 (solid) TTFT and TPOT per policy against the arrival rate (log
+    scale), the SLO bounds as horizontal lines, and each policy's capacity point marked (a star
+    on its p99 curves and a dotted vertical line) when ``capacity`` (label -> rate, e.g. from
+    :func:`sim.capacity.capacity` or :func:`estimate_capacity`) gives it. Returns a Figure in
+    the style of :mod:`sim.plots`."""
+    from sim.plots.style import new_figure, policy_colors, styled
 
-    if ax is None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    else:
-        axes = ax
-        fig = axes[0].figure
     capacity = capacity or {}
     table = table[table["rate"].notna()]
     keys = _series_key(table)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for j, (metric, bound_name, name) in enumerate((("ttft_s", "ttft_s", "TTFT"), ("tpot_s", "tpot_s", "TPOT"))):
-        a = axes[j]
-        for n, (series, grp) in enumerate(table.groupby(keys, sort=False)):
-            grp = grp.sort_values("rate")
-            color = colors[n % len(colors)]
-            a.plot(grp["rate"], grp[f"{metric}.p99"] * 1e3, "-o", color=color, ms=3, label=f"{series} p99")
-            a.plot(grp["rate"], grp[f"{metric}.p50"] * 1e3, "--", color=color, alpha=0.7, label=f"{series} p50")
-            if series in capacity:
-                cap = capacity[series]
-                a.axvline(cap, color=color, ls=":", lw=1)
-                y = _interp(grp["rate"], grp[f"{metric}.p99"] * 1e3, cap)
-                a.plot([cap], [y], marker="*", ms=13, color=color, mec="black", mew=0.6, ls="none",
-                       label=f"{series} capacity {cap:.3g} req/s")
-        bound = getattr(slo, bound_name, None) if slo is not None else None
-        if bound is not None:
-            pct = getattr(slo, "percentile", 99)
-            a.axhline(bound * 1e3, color="crimson", lw=1.2, label=f"SLO: p{pct:g} {name} ≤ {bound * 1e3:g} ms")
-        a.set_yscale("log")
-        a.set_xlabel("arrival rate (requests/s)")
-        a.set_ylabel(f"{name} (ms)")
-        a.set_title(f"{name} vs load")
-        a.grid(True, which="both", alpha=0.3)
-    axes[1].legend(fontsize=7, loc="best")
-    if title:
-        fig.suptitle(title)
+    series = list(dict.fromkeys(keys))
+    colors = policy_colors(series)
+    with styled():
+        fig = new_figure()
+        axes = fig.subplots(1, 2)
+        for a, metric, name in ((axes[0], "ttft_s", "TTFT"), (axes[1], "tpot_s", "TPOT")):
+            for label in series:
+                grp = table[keys == label].sort_values("rate")
+                color = colors[label]
+                a.plot(grp["rate"], grp[f"{metric}.p99"] * 1e3, "-o", color=color, ms=3.5, label=f"{label} p99")
+                a.plot(grp["rate"], grp[f"{metric}.p50"] * 1e3, "--", color=color, alpha=0.75,
+                       label=f"{label} p50")
+                if label in capacity:
+                    cap = capacity[label]
+                    a.axvline(cap, color=color, ls=":", lw=1.1)
+                    a.plot([cap], [_interp(grp["rate"], grp[f"{metric}.p99"] * 1e3, cap)], marker="*", ms=14,
+                           color=color, mec="black", mew=0.6, ls="none",
+                           label=f"{label} capacity {cap:.3g} req/s")
+            bound = getattr(slo, metric, None) if slo is not None else None
+            if bound is not None:
+                pct = getattr(slo, "percentile", 99)
+                a.axhline(bound * 1e3, color="crimson", lw=1.3, label=f"SLO: p{pct:g} {name} ≤ {bound * 1e3:g} ms")
+            a.set_yscale("log")
+            a.set_xlabel("arrival rate (requests/s)")
+            a.set_ylabel(f"{name} (ms, log scale)")
+            a.set_title(f"{name}: p50 dashed, p99 solid")
+        axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.suptitle(title or "latency versus load")
     return fig
 
 
@@ -446,38 +468,36 @@ def _interp(xs, ys, x: float) -> float:
     return float(np.interp(x, xs[ok], ys[ok])) if ok.any() else float("nan")
 
 
-def write_plot(table: pd.DataFrame, slo, out: Path, capacity: dict[str, float] | None = None) -> Path | None:
+def write_plot(table: pd.DataFrame, slo, out: Path, capacity: dict[str, float] | None = None,
+               title: str | None = None) -> Path | None:
     """``latency_vs_load.png`` for a sweep over rates (nothing for a sweep without rates)."""
     if "rate" not in table or table["rate"].isna().all() or table["rate"].nunique() < 2:
         return None
-    import matplotlib
+    from sim.plots.style import save_png
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig = plot_latency_vs_load(table, slo, capacity)
-    path = out / "latency_vs_load.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(plot_latency_vs_load(table, slo, capacity, title), out / "latency_vs_load.png")
 
 
 # --- progress ------------------------------------------------------------------------------
 class _Tracker:
+    """A rich progress bar over points, shown from :meth:`start` (after the workers exist)."""
+
     def __init__(self, total: int, done: int, enabled: bool):
         self.enabled = enabled
         self.total, self.done = total, done
         self.progress = None
 
     def __enter__(self):
-        if self.enabled:
+        return self
+
+    def start(self) -> None:
+        if self.enabled and self.progress is None:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("points"), TimeElapsedColumn())
             self.progress.__enter__()
             self.task = self.progress.add_task("sweep", total=self.total, completed=self.done)
-        return self
 
     def __exit__(self, *exc):
         if self.progress is not None:
@@ -488,7 +508,3 @@ class _Tracker:
         self.done += n
         if self.progress is not None:
             self.progress.advance(self.task, n)
-
-
-def _progress(enabled: bool, total: int, done: int) -> _Tracker:
-    return _Tracker(total, done, enabled)

@@ -42,7 +42,7 @@ def test_kernel_matches_reference_at_llama_head_sizes(dtype):
     from calib.paged_triton import paged_attention_triton
 
     shapes = [(1000, 500), (37, 0)] + [(1, 64 + 37 * i) for i in range(64)]
-    k_cache, v_cache, meta = scattered_batch(shapes, num_blocks=4096, block_size=16, kv_heads=8, head_dim=128, dtype=dtype)
+    k_cache, v_cache, meta = scattered_batch(shapes, num_blocks=8192, block_size=16, kv_heads=8, head_dim=128, dtype=dtype)
     gen = torch.Generator(device=CUDA).manual_seed(1)
     q = torch.randn(meta.num_tokens, 32, 128, device=CUDA, generator=gen).to(dtype)
     scale = 128 ** -0.5

@@ -19,10 +19,11 @@ if not ON_GPU and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
+from test_calib_paged import MIXED, fill_and_query, rel_err  # noqa: E402
+
 from calib.paged import paged_attention_reference  # noqa: E402
 from calib.paged_triton import choose_tiles, paged_attention_triton  # noqa: E402
 from calib.step import BlockAllocator, SeqInput, make_runner  # noqa: E402
-from test_calib_paged import MIXED, fill_and_query, rel_err  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -62,6 +63,26 @@ def test_kernel_equals_reference_and_dense(shapes, block_size, num_heads, kv_hea
     assert rel_err(out.cpu(), dense) < 1e-5
 
 
+@pytest.mark.parametrize("num_segments", [1, 3])
+def test_kernel_never_reads_outside_the_requests_slots(num_segments):
+    """Every slot no request owns (other blocks, the unused tail of last blocks) holds NaN."""
+    shapes, block_size, kv_heads, head_dim = [(5, 3), (1, 10), (2, 0), (1, 70)], 4, 2, 16
+    k_cache, v_cache, meta, q, dense, scale = fill_and_query(
+        shapes, block_size=block_size, num_heads=4, kv_heads=kv_heads, head_dim=head_dim
+    )
+    owned = torch.zeros(k_cache.shape[0] * block_size, dtype=torch.bool)
+    for b, (q_len, ctx) in enumerate(shapes):
+        for pos in range(q_len + ctx):
+            owned[int(meta.block_tables[b, pos // block_size]) * block_size + pos % block_size] = True
+    for pool in (k_cache, v_cache):
+        pool.view(-1, kv_heads, head_dim)[~owned] = float("nan")
+    out = paged_attention_triton(
+        q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta.to(DEVICE), scale, num_segments=num_segments
+    )
+    assert torch.isfinite(out).all()
+    assert rel_err(out.cpu(), dense) < 1e-5
+
+
 @pytest.mark.parametrize("num_segments", [2, 3, 5])
 def test_split_kv_segments_merge_exactly(num_segments):
     long = [(1, 300), (2, 150), (1, 5), (3, 70)]  # several KV tiles per request, some segments empty
@@ -74,6 +95,8 @@ def test_tiles_are_sized_for_the_batch():
     assert choose_tiles(1, 8, 128) == (16, 2, 64)
     assert choose_tiles(512, 4, 128) == (128, 32, 64)
     assert choose_tiles(1, 7, 128)[1] == 2  # 7 heads per KV head (Qwen2.5-7B): 2 tokens, 2 rows idle
+    assert choose_tiles(512, 4, 128, itemsize=4) == (32, 8, 16)  # fp32: small tiles, no spills
+    assert choose_tiles(512, 4, 256) == (64, 16, 32)
 
 
 def test_model_steps_with_the_kernel_equal_the_reference_backend():
@@ -87,3 +110,31 @@ def test_model_steps_with_the_kernel_equal_the_reference_backend():
     for batch in steps:
         got = {b: r.logits(r.prepare(batch), all_tokens=True) for b, r in runners.items()}
         assert rel_err(got["triton"], got["reference"]) < 1e-5
+
+
+def test_kernel_compiles_for_hopper_on_the_matrix_units_without_spills(tmp_path):
+    """Compile for sm_90 with Triton's bundled toolchain (no GPU needed) and read the machine
+    code: no local memory (register spills), matrix instructions, asynchronous K/V copies.
+    Runs in a fresh process because this one may hold Triton's interpreter."""
+    import json
+    import subprocess
+
+    script = (
+        "import json; from calib.kernel_report import compile_report; "
+        "print(json.dumps([compile_report('bf16', max_query_len=q) for q in (1, 512)]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=repo
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    decode, prefill = json.loads(done.stdout.strip().splitlines()[-1])
+    for report in (decode, prefill):
+        assert report["stack_bytes"] == 0, report
+        assert report["sass"]["LDL"] == report["sass"]["STL"] == 0, report
+        assert report["sass"]["LDGSTS"] > 0, report
+    assert decode["config"]["BLOCK_M"] == 16 and decode["sass"]["HMMA"] > 0
+    assert prefill["config"]["BLOCK_M"] == 128 and prefill["sass"]["HGMMA"] > 0  # Hopper's warpgroup MMA

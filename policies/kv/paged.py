@@ -203,6 +203,81 @@ class PagedKVManager:
         st.blocks = []
         st.num_cached_blocks = 0
 
+    # --- pure-decode stretches (Policy.decode_stretch) ----------------------------------------
+    # In a pure-decode step every request of the batch asks allocate_slots for one more slot: a
+    # request at context c writes token position c, which takes a new block exactly when c is a
+    # multiple of block_size at or past the end of its block table, and (with prefix caching)
+    # fills and registers a block when c + 1 is a multiple of block_size. No block is freed in a
+    # stretch, so the new blocks leave the front of the free queue in (step, batch) order.
+
+    def decode_blocks_needed(self, batch: list[Request], k: int) -> int:
+        """New blocks ``k`` pure-decode steps of ``batch`` allocate."""
+        B = self.block_size
+        reqs = self._reqs
+        total = 0
+        for r in batch:
+            need = -(-(r.num_computed_tokens + k) // B) - len(reqs[r].blocks)
+            if need > 0:
+                total += need
+        return total
+
+    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
+        """The most steps (at most ``k``) whose new blocks the free queue holds: none of them
+        can fail to allocate, so none preempts."""
+        free = self.pool.num_free
+        # each request needs at most ceil(k / B) <= k // B + 1 new blocks in k steps
+        if len(batch) * (k // self.block_size + 1) <= free or self.decode_blocks_needed(batch, k) <= free:
+            return k
+        lo, hi = 0, k  # decode_blocks_needed grows with k: bisect for the last k that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.decode_blocks_needed(batch, mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def advance_decodes(self, batch: list[Request], k: int) -> list[int]:
+        """Do the block work of ``k`` pure-decode steps (the caller then advances the requests'
+        counters by ``k``): every step at which a request would allocate a block or register a
+        full one calls :meth:`allocate_slots` for it exactly as that step would, with the
+        request's counters set to that step's values, in (step, batch) order. Returns the blocks
+        allocated in each step."""
+        B = self.block_size
+        reqs = self._reqs
+        caching = self.enable_caching
+        events: list[tuple[int, int]] = []
+        for i, r in enumerate(batch):
+            st = reqs[r]
+            c = r.num_computed_tokens
+            # block m (m >= len(blocks)) is first written at position m * B: step m * B - c + 1
+            for m in range(len(st.blocks), -(-(c + k) // B)):
+                events.append((m * B - c + 1, i))
+            if caching and (c + k) // B > st.num_cached_blocks:
+                # the next block to register fills at step (num_cached + 1) * B - c (at once if
+                # it is already full), and then every B steps as the context crosses a boundary
+                j = max(1, (st.num_cached_blocks + 1) * B - c)
+                events.append((j, i))
+                j += B - (c + j) % B
+                while j <= k:
+                    events.append((j, i))
+                    j += B
+        allocated = [0] * k
+        if not events:
+            return allocated
+        if len(events) > 1:
+            events = sorted(set(events))
+        for j, i in events:
+            r = batch[i]
+            c, o = r.num_computed_tokens, r.num_output_tokens
+            r.num_computed_tokens, r.num_output_tokens = c + j - 1, o + j - 1
+            new = self.allocate_slots(r, 1)
+            r.num_computed_tokens, r.num_output_tokens = c, o
+            if new is None:  # decode_stretch_limit rules this out
+                raise AssertionError(f"{r.id}: no block for a decode inside a checked stretch")
+            allocated[j - 1] += len(new)
+        return allocated
+
     def release(self, req: Request) -> None:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req)

@@ -1,4 +1,6 @@
-"""Each module here registers one ``cbsim`` subcommand on :data:`sim.cli.app`."""
+"""Each module here registers one ``cbsim`` subcommand on :data:`sim.cli.app`.
 
-from sim.commands import conformance, policies, run  # noqa: F401
-from sim.commands import plot  # noqa: F401
+Helpers: add your command module to the ONE sorted import line below.
+"""
+
+from sim.commands import calibrate, capacity, conformance, plan, plot, policies, run, sweep, validate  # noqa: F401

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -42,6 +43,7 @@ def plot_kv(result) -> Figure:
         fig = new_figure()
         axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
         seen = set()
+        peak = 0.0
         for ax, label in zip(axes, labels):
             steps = result.steps[result.steps["policy"] == label]
             meta = result.meta.get(label, {})
@@ -54,6 +56,7 @@ def plot_kv(result) -> Figure:
             if steps.empty:
                 continue
             pct = 100.0 * steps["kv_blocks_used"] / total
+            peak = max(peak, float(pct.max()))
             ax.plot(*step_series(steps, pct), color=colors[label], lw=1.3)
             if (steps["cpu_blocks_used"] > 0).any():
                 cpu_total = meta.get("cpu_blocks_total") or max(int(steps["cpu_blocks_used"].max()), 1)
@@ -70,7 +73,8 @@ def plot_kv(result) -> Figure:
         for ax in axes[len(labels):]:
             ax.set_visible(False)
         for ax in axes[:len(labels)]:
-            ax.set_ylim(0, 105)
+            # the whole pool when memory gets anywhere near full; else zoom in so a light load is legible
+            ax.set_ylim(0, 105 if peak >= 40 else max(5.0, 5 * np.ceil(peak * 1.2 / 5)))
             ax.set_xlim(left=0)
         for r in range(rows):
             axes[r * cols].set_ylabel("KV in use (%)")

@@ -11,6 +11,8 @@ Drawn only when the run has at least one policy of each kind.
 from __future__ import annotations
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from sim.plots.series import step_series
@@ -83,7 +85,10 @@ def plot_paged_vs_contiguous(result) -> Figure | None:
             ax.set_xlim(left=0)
             ax.set_ylim(bottom=0)
         ax_c.set_ylabel("KV tokens")
-        fig.legend(*ax_c.get_legend_handles_labels(), loc="outside lower center", ncols=3)
+        handles = [Patch(color="#8a8a8a", label="tokens stored (policy colour)"),
+                   Patch(color=WASTE_COLOR, label="held but unused (waste)"),
+                   Line2D([], [], color="#333333", lw=0.9, label="token slots held")]
+        fig.legend(handles=handles, loc="outside lower center", ncols=3)
         shown = [lb for lb in result.labels if lb in kinds]
         waste = [100 * (result.summaries[lb].get("kv_waste") or 0.0) for lb in shown]
         y = range(len(shown))

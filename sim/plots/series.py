@@ -28,7 +28,7 @@ def step_series(steps: pd.DataFrame, values, *, exact_max_steps: int = EXACT_MAX
     replica = steps["replica"].to_numpy() if "replica" in steps else np.zeros(len(steps), int)
     if len(steps) <= exact_max_steps and len(np.unique(replica)) == 1:
         order = np.argsort(start, kind="stable")
-        return _segments(start[order], end[order], values[order])
+        return segments(start[order], end[order], values[order])
     edges = np.linspace(start.min(), end.max(), bins + 1)
     area = np.zeros(bins + 1)  # integral of value * dt up to each edge, summed over replicas
     busy = np.zeros(bins + 1)  # step time up to each edge, summed over replicas
@@ -52,10 +52,10 @@ def step_series(steps: pd.DataFrame, values, *, exact_max_steps: int = EXACT_MAX
     width = edges[1] - edges[0]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(d_busy > 1e-9 * max(width, 1e-12), d_area / d_busy, np.nan)
-    return _segments(edges[:-1], edges[1:], mean)
+    return segments(edges[:-1], edges[1:], mean)
 
 
-def _segments(start: np.ndarray, end: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def segments(start: np.ndarray, end: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Two points per interval, and a NaN point wherever the next interval does not start where
     this one ends (so the line breaks across idle time instead of bridging it)."""
     n = len(start)

@@ -35,6 +35,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from sim.plots.series import segments
 from sim.plots.style import DPI, PHASE_COLORS, SIZE_IN, SLOT_COLORS, new_figure, styled, title_of
 
 MAX_REQUESTS = 60
@@ -204,19 +205,25 @@ def _draw_gantt(ax, tl: Timeline, panel_px: float) -> None:
     ax.set_ylabel("request")
 
 
-def _draw_strip(ax, tl: Timeline) -> None:
-    s = tl.slots
+def _draw_strip(ax, tl: Timeline, until: float | None = None) -> None:
+    s = tl.slots if until is None else tl.slots[tl.slots["start_s"] < until]
     reps = sorted(s["replica"].unique()) if len(s) else [0]
-    cells = len(s) <= 150  # few steps: outline each step's cell, like the seeds' chart
+    layers = (("continuing", "continuing"), ("joined", "joined"),
+              ("idle_waiting", "idle while requests wait"), ("idle_free", "idle"))
     for i, rep in enumerate(reps):
         r = s[s["replica"] == rep]
         bottom = np.full(len(r), float(i * tl.max_slots))
-        for col, key in (("continuing", "continuing"), ("joined", "joined"),
-                         ("idle_waiting", "idle while requests wait"), ("idle_free", "idle")):
+        start = r["start_s"].to_numpy(dtype=float)
+        end = start + r["duration_s"].to_numpy(dtype=float)
+        for col, key in layers:
             h = r[col].to_numpy(dtype=float)
-            ax.bar(r["start_s"], h, width=r["duration_s"], bottom=bottom, align="edge",
-                   color=SLOT_COLORS[key], edgecolor="white" if cells else SLOT_COLORS[key],
-                   linewidth=0.6 if cells else 0.0)
+            if len(r) <= 150:  # few steps: one outlined cell per step, like the seeds' chart
+                ax.bar(start, h, width=end - start, bottom=bottom, align="edge", color=SLOT_COLORS[key],
+                       edgecolor="white", linewidth=0.6)
+            else:  # many steps: one filled band per layer (thousands of bars render slowly)
+                t, lo = segments(start, end, bottom)
+                _, hi = segments(start, end, bottom + h)
+                ax.fill_between(t, lo, hi, color=SLOT_COLORS[key], lw=0)
             bottom = bottom + h
     total = tl.max_slots * len(reps)
     ax.set_ylim(0, total)
@@ -259,17 +266,16 @@ def plot_timeline(result, policy: str | list[str] | None = None, max_requests: i
             ratios += [max(len(tl.ids), 4), max(1.6, 0.22 * max(len(tl.ids), 4))]
         axes = fig.subplots(2 * len(timelines), 1, sharex=True, height_ratios=ratios)
         usable_px = fig.get_figheight() * DPI * 0.8  # less titles, legend and axis labels
-        end = 0.0
+        ends = [float(tl.bars["end_s"].max()) if tl.truncated and len(tl.bars) else tl.end_s for tl in timelines]
+        end = max(ends, default=0.0)
         for i, tl in enumerate(timelines):
             gantt, strip = axes[2 * i], axes[2 * i + 1]
             _draw_gantt(gantt, tl, usable_px * ratios[2 * i] / sum(ratios))
-            _draw_strip(strip, tl)
+            _draw_strip(strip, tl, until=end * 1.01 if tl.truncated else None)
             n_steps = len(tl.slots)
             shown = f"first {len(tl.ids)} of {tl.total_requests}" if tl.truncated else f"{tl.total_requests}"
             gantt.set_title(f"{tl.label}: {shown} requests, {n_steps} steps, last step ends at {tl.end_s:.4g} s",
                             loc="left")
-            shown_end = float(tl.bars["end_s"].max()) if len(tl.bars) else tl.end_s
-            end = max(end, shown_end if tl.truncated else tl.end_s)
             if n_steps <= 60:
                 for x in tl.slots["start_s"]:
                     gantt.axvline(x, color="#bbbbbb", lw=0.5, zorder=0)

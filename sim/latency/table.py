@@ -1,0 +1,232 @@
+"""Step times from a latency table: measured (``calib``) or fitted from an engine's step log.
+
+The table (format: :mod:`sim.latency.table_format`) holds five components on grids; a step's time
+is their sum: ``overhead + linear(T) + Σ prefill_attn(n, c) + decode_attn(b, c̄) + step_gap``.
+Per-request prefill chunks come from the :class:`StepPlan` (``num_new_tokens``, ``context``; a
+decode is n == 1 on a non-empty context), the token count from :class:`StepShape`. Grids are
+interpolated linearly (bilinearly), never in log space; outside a grid the nearest two points
+extrapolate linearly and a warning names the dimension and how far outside, once per dimension.
+
+Interpolation is plain Python on small lists (bisect), not numpy: the engine prices every step of
+a run, and numpy's per-call overhead would dominate on arrays of ten points.
+"""
+
+from __future__ import annotations
+
+import warnings
+from bisect import bisect_right
+from pathlib import Path
+
+from sim.errors import CbsimError
+from sim.latency.base import LatencyModel
+from sim.latency.table_format import COMPONENTS, LatencyTable, read_table
+
+
+class TableExtrapolationWarning(UserWarning):
+    """A step lies outside a latency table's grid; its time was extrapolated linearly."""
+
+
+class TableLatency(LatencyModel):
+    name = "table"
+
+    def __init__(self, table: LatencyTable, model, gpu, tensor_parallel: int, block_size: int,
+                 overhead_s: float | None = None) -> None:
+        super().__init__(model, gpu, tensor_parallel, block_size)
+        self.table = table
+        self.label = str(table.path) if table.path is not None else "latency table"
+        self.overhead_s = table.scalar("overhead") if overhead_s is None else float(overhead_s)
+        self.step_gap_s = table.scalar("step_gap")
+        self._fixed = self.overhead_s + self.step_gap_s
+        comps = table.components
+        self._lin = _Grid1(comps["linear"], self)
+        self._pre = _Grid2(comps["prefill_attn"], self)
+        self._dec = _Grid2(comps["decode_attn"], self)
+        self._warned: set[str] = set()
+        bw = table.metadata.get("bandwidth") or {}
+        h2d, d2h = bw.get("h2d_bytes_per_s"), bw.get("d2h_bytes_per_s")
+        if h2d and d2h:
+            # swap_time(blocks) is one-way and does not say which way: charge the mean time per
+            # byte of the two directions (a swap out is later swapped back in)
+            self._swap_s_per_byte = (1.0 / h2d + 1.0 / d2h) / 2
+        elif h2d or d2h:
+            self._swap_s_per_byte = 1.0 / (h2d or d2h)
+        else:
+            self._swap_s_per_byte = 1.0 / gpu.pcie_bandwidth
+
+    @classmethod
+    def from_path(cls, path: str | Path, model, gpu, tensor_parallel: int, block_size: int,
+                  overhead_s: float | None = None) -> TableLatency:
+        table = read_table(path)
+        check_compatible(table, model, tensor_parallel, block_size)
+        return cls(table, model, gpu, tensor_parallel, block_size, overhead_s)
+
+    # --- pricing -----------------------------------------------------------------------------
+    def price(self, shape, plan=None):
+        t = self._fixed
+        if shape.num_tokens > 0:
+            t += self._lin(shape.num_tokens)
+        pre = self._pre
+        if plan is not None:
+            b = 0
+            ctx = plan.padding_context
+            for n, c in zip(plan.num_new_tokens, plan.context):
+                if n == 1 and c > 0:
+                    b += 1
+                    ctx += c
+                elif n > 0:
+                    t += pre(n, c)
+        else:  # shape only: one chunk holding every prefill token, its context recovered from the pairs
+            b = shape.decode_tokens
+            ctx = shape.decode_ctx - b  # decode_ctx counts c + 1 keys per decode
+            n = shape.prefill_tokens
+            if n > 0:
+                t += pre(n, max(shape.prefill_attn / n - (n + 1) / 2, 0.0))
+        if b:
+            t += self._dec(b, ctx / b)
+        flops, bytes_ = self.step_flops_bytes(shape)
+        return t, flops, bytes_
+
+    def price_decodes(self, num_seqs: int, context: int, k: int):
+        """(seconds, FLOPs, bytes) arrays of ``k`` consecutive pure-decode steps of ``num_seqs``
+        sequences whose contexts sum to ``context`` before the first (each step adds one token per
+        sequence), each equal to what :meth:`price` gives that step alone (the engine's
+        fast-forward through decode stretches calls this)."""
+        import numpy as np
+
+        b = num_seqs
+        ctx = context + b * np.arange(k, dtype=np.int64)  # contexts' sum before step j
+        mean = ctx / b
+        dec = self._dec
+        if b < dec.ax[0] or b > dec.ax[-1]:
+            self._outside(dec.comp, dec.dx, b, dec.ax[0], dec.ax[-1])
+        if k and (mean[0] < dec.ay[0] or mean[-1] > dec.ay[-1]):
+            x = float(mean[0] if mean[0] < dec.ay[0] else mean[-1])
+            self._outside(dec.comp, dec.dy, x, dec.ay[0], dec.ay[-1])
+        i, tx = _locate(dec.ax, dec.nx, b)
+        v = np.asarray(dec.vals)
+        if dec.ny == 1:
+            col = v[:, 0]
+            along = np.full(k, col[0] if tx is None else col[i] + tx * (col[i + 1] - col[i]))
+        else:
+            ay = np.asarray(dec.ay)
+            j = np.clip(np.searchsorted(ay, mean, side="right") - 1, 0, dec.ny - 2)
+            ty = (mean - ay[j]) / (ay[j + 1] - ay[j])
+            row_i = v[i]
+            a = row_i[j] + ty * (row_i[j + 1] - row_i[j])
+            if tx is None:
+                along = a
+            else:
+                row_n = v[i + 1]
+                bb = row_n[j] + ty * (row_n[j + 1] - row_n[j])
+                along = a + tx * (bb - a)
+        seconds = (self._fixed + self._lin(b)) + np.maximum(along, 0.0)
+        d = ctx + b  # keys read: each context plus the new token
+        flops = self._flops_per_token * b + self._attn_flops_per_pair * (0.0 + d)
+        bytes_ = self._weight_bytes + self.kv_bytes_per_token * (d + b) + self._act_bytes_per_token * b
+        return seconds, flops, bytes_
+
+    def swap_time(self, blocks: int) -> float:
+        if blocks <= 0:
+            return 0.0
+        return blocks * self.kv_bytes_per_block * self._swap_s_per_byte
+
+    def _outside(self, component: str, dim: str, x: float, lo: float, hi: float) -> None:
+        key = f"{component}.{dim}"
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        far = f"{lo - x:g} below its first point {lo:g}" if x < lo else f"{x - hi:g} above its last point {hi:g}"
+        span = hi - lo
+        rel = f", {abs(x - (lo if x < lo else hi)) / span:.0%} of the grid's span" if span > 0 else ""
+        warnings.warn(
+            f"{self.label}: {key} = {x:g} is outside the grid [{lo:g}, {hi:g}] ({far}{rel}); extrapolating "
+            f"linearly (warned once per dimension); recalibrate over a wider grid to cover it",
+            TableExtrapolationWarning, stacklevel=4)
+
+
+def check_compatible(table: LatencyTable, model, tensor_parallel: int, block_size: int) -> None:
+    """A table priced for another model or TP degree gives meaningless times: refuse it. A
+    different block size changes attention cost only slightly: warn."""
+    meta, where = table.metadata, table.path
+    spec = meta["model"]
+    mine = model.to_dict() if hasattr(model, "to_dict") else None
+    if mine is not None:
+        diff = [k for k in mine if k != "name" and k in spec and spec[k] != mine[k]]
+        if diff:
+            k = diff[0]
+            raise CbsimError(f"latency table {where}: measured for model {spec.get('name')!r} ({k} = {spec[k]!r}) "
+                             f"but the scenario's model {mine['name']!r} has {k} = {mine[k]!r}; use a table "
+                             f"calibrated for this model (`cbsim calibrate`) or set `model` to the table's")
+    if meta["tensor_parallel"] != tensor_parallel:
+        raise CbsimError(f"latency table {where}: measured at tensor_parallel {meta['tensor_parallel']} but the "
+                         f"scenario has hardware.tensor_parallel {tensor_parallel}; calibrate at that degree")
+    if meta["block_size"] != block_size:
+        warnings.warn(f"latency table {where}: measured with block_size {meta['block_size']}, used with "
+                      f"engine.block_size {block_size}; attention times may be off slightly",
+                      UserWarning, stacklevel=3)
+
+
+class _Grid1:
+    __slots__ = ("axis", "vals", "n", "owner", "comp", "dim", "lo", "hi")
+
+    def __init__(self, comp, owner: TableLatency) -> None:
+        self.axis = list(comp.axes[0])
+        self.vals = [float(v) for v in comp.values]
+        self.n = len(self.axis)
+        self.owner, self.comp, self.dim = owner, comp.name, COMPONENTS[comp.name][0]
+        self.lo, self.hi = self.axis[0], self.axis[-1]
+
+    def __call__(self, x: float) -> float:
+        if (x < self.lo or x > self.hi):
+            self.owner._outside(self.comp, self.dim, x, self.lo, self.hi)
+        i, t = _locate(self.axis, self.n, x)
+        if t is None:
+            return self.vals[0]
+        v0 = self.vals[i]
+        return max(v0 + t * (self.vals[i + 1] - v0), 0.0)
+
+
+class _Grid2:
+    __slots__ = ("ax", "ay", "nx", "ny", "vals", "owner", "comp", "dx", "dy")
+
+    def __init__(self, comp, owner: TableLatency) -> None:
+        self.ax, self.ay = list(comp.axes[0]), list(comp.axes[1])
+        self.nx, self.ny = len(self.ax), len(self.ay)
+        self.vals = [[float(v) for v in row] for row in comp.values]
+        self.owner, self.comp = owner, comp.name
+        self.dx, self.dy = COMPONENTS[comp.name]
+
+    def __call__(self, x: float, y: float) -> float:
+        ax, ay = self.ax, self.ay
+        if x < ax[0] or x > ax[-1]:
+            self.owner._outside(self.comp, self.dx, x, ax[0], ax[-1])
+        if y < ay[0] or y > ay[-1]:
+            self.owner._outside(self.comp, self.dy, y, ay[0], ay[-1])
+        i, tx = _locate(ax, self.nx, x)
+        j, ty = _locate(ay, self.ny, y)
+        v = self.vals
+        if tx is None and ty is None:
+            out = v[0][0]
+        elif tx is None:
+            out = v[0][j] + ty * (v[0][j + 1] - v[0][j])
+        elif ty is None:
+            out = v[i][0] + tx * (v[i + 1][0] - v[i][0])
+        else:
+            a = v[i][j] + ty * (v[i][j + 1] - v[i][j])
+            b = v[i + 1][j] + ty * (v[i + 1][j + 1] - v[i + 1][j])
+            out = a + tx * (b - a)
+        return max(out, 0.0)
+
+
+def _locate(axis: list[float], n: int, x: float) -> tuple[int, float | None]:
+    """(i, t): x = axis[i] + t * (axis[i+1] - axis[i]), with i clamped to the first or last cell so
+    that t < 0 or t > 1 extrapolates; t None when the axis has one point (constant)."""
+    if n == 1:
+        return 0, None
+    i = bisect_right(axis, x) - 1
+    if i < 0:
+        i = 0
+    elif i > n - 2:
+        i = n - 2
+    x0 = axis[i]
+    return i, (x - x0) / (axis[i + 1] - x0)

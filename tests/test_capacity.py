@@ -1,0 +1,184 @@
+"""Capacity search and replica planning: the answer on scenarios/capacity.yaml is a true boundary
+(checked by fresh runs at rate × (1 ± tolerance)), the search survives a non-monotone curve,
+the plan's replica count is minimal, its cost follows the stated formula, and every misuse is a
+clear error."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+import sim.capacity as capacity_mod
+from sim.capacity import capacity, min_requests, search_capacity
+from sim.errors import CbsimError
+from sim.plan import plan
+from sim.runner import run
+from sim.scenario import load_scenario
+from sim.sweep import execute
+
+SMALL = {
+    "name": "small", "seed": 1, "model": "tiny", "hardware": {"gpu": "cpu"},
+    "latency": {"backend": "constant", "step_s": 0.01},
+    "workload": {"num_requests": 80, "arrival": {"process": "poisson", "rate": 5.0},
+                 "prompt_tokens": {"dist": "uniform", "min": 8, "max": 64},
+                 "output_tokens": {"dist": "uniform", "min": 4, "max": 40}, "max_tokens": 64},
+    "engine": {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 256,
+               "num_gpu_blocks": 128},
+    "policies": [{"name": "orca"}],
+    "slo": {"ttft_s": 0.5, "tpot_s": 0.05},
+    "cost_per_gpu_hour": 2.0,
+}
+
+
+def cli(*args):
+    from sim import commands  # noqa: F401  (registers the commands)
+    from sim.cli import app
+
+    return CliRunner().invoke(app, list(args), terminal_width=200)
+
+
+def slo_met(scenario, label: str, rate: float, extra=()) -> bool:
+    return run(scenario, [*extra, f"workload.arrival.rate={rate!r}"], policies=[label]).summaries[label]["slo_met"]
+
+
+def test_capacity_yaml_answer_is_a_true_boundary(repo, tmp_path):
+    path = repo / "scenarios" / "capacity.yaml"
+    r = cli("capacity", str(path), "--json", str(tmp_path / "cap.json"))
+    assert r.exit_code == 0, r.output
+    found = json.loads((tmp_path / "cap.json").read_text())["policies"]
+    scn = load_scenario(path)
+    assert list(found) == [e.label for e in scn.policies]
+    tol = 0.02
+    checks = []
+    for label, res in found.items():
+        rate = res["rate_rps"]
+        assert f"{rate:.4g}" in r.output  # the table prints it
+        assert res["tolerance"] == tol and res["runs"] == len(res["probes"])
+        assert res["monotone"] is True
+        assert res["num_requests"] >= res["min_requests"]  # the file is long enough for 2 %
+        assert 0 < res["goodput_rps"] <= res["throughput_rps"] + 1e-12
+        checks += [(scn, label, rate * (1 + tol), False), (scn, label, rate * (1 - tol), True)]
+    # fresh runs, outside the search (two processes: the check is 8 runs)
+    got = {}
+    execute(check_run, [c[:3] for c in checks], lambda i, met: got.__setitem__(i, met), workers=2)
+    for i, (_, label, rate, expected) in enumerate(checks):
+        assert got[i] is expected, f"{label} at {rate:.4g} req/s: slo_met {got[i]}, expected {expected}"
+
+
+def check_run(scenario, label, rate):
+    return slo_met(scenario, label, rate)
+
+
+def test_search_on_a_small_scenario_meets_its_guarantee():
+    scn = load_scenario(SMALL)
+    res = search_capacity(scn, "orca", tolerance=0.05)
+    assert slo_met(scn, "orca", res.rate_rps) and not slo_met(scn, "orca", res.rate_rps * 1.05)
+    assert res.violating_rate_rps == res.rate_rps * 1.05
+    met = dict(res.probes)
+    assert met[res.rate_rps] and not met[res.violating_rate_rps] and met[res.rate_rps * 0.95]
+    # bracketing doubles from the scenario's rate: its first probes are 5, 10, 20, ...
+    assert [r for r, _ in res.probes[:2]] == [5.0, 10.0]
+    assert res.summary["goodput_rps"] == res.goodput_rps
+
+
+def fake_curve(monkeypatch, meets):
+    def simulate_at(scn, label, rate):
+        return {"slo_met": meets(rate), "goodput_rps": rate, "throughput_rps": rate, "requests_total": 100,
+                "requests_finished": 100, "ttft_s": {"p99": 1.0}, "tpot_s": {"p99": 0.01}, "e2e_s": {"p99": 2.0}}
+
+    monkeypatch.setattr(capacity_mod, "simulate_at", simulate_at)
+
+
+def test_bisection_reaches_the_tolerance_on_a_known_curve(monkeypatch):
+    fake_curve(monkeypatch, lambda r: r <= 7.3)
+    res = search_capacity(load_scenario(SMALL), "orca", tolerance=0.01)
+    assert 7.3 / 1.01 <= res.rate_rps <= 7.3 < res.rate_rps * 1.01
+    assert res.runs <= 12
+
+
+def test_a_meeting_rate_above_the_bracket_moves_the_answer_up(monkeypatch):
+    # met below 10 and again on (10.05, 10.6): the check at lo × 1.02 ≈ 10.09 meets, so the
+    # search continues above it and ends at the second region's edge
+    fake_curve(monkeypatch, lambda r: r < 10 or 10.05 < r < 10.6)
+    res = search_capacity(load_scenario(SMALL), "orca", tolerance=0.02)
+    assert 10.6 / 1.02 < res.rate_rps < 10.6 <= res.violating_rate_rps
+    met = dict(res.probes)
+    assert met[res.violating_rate_rps] is False and met[res.rate_rps * 0.98] is True
+    assert any(10 <= r <= 10.05 * 1.02 and m for r, m in res.probes)  # the check that moved it
+    assert res.monotone is True
+
+
+def test_a_dip_just_below_the_answer_is_flagged(monkeypatch):
+    fake_curve(monkeypatch, lambda r: r < 6 and not 5.75 < r < 5.85)
+    res = search_capacity(load_scenario(SMALL), "orca", tolerance=0.02)
+    assert 6 / 1.02 < res.rate_rps < 6 and 5.75 < res.rate_rps * 0.98 < 5.85
+    assert res.monotone is False
+
+
+def test_min_requests_closed_form():
+    slo = load_scenario(SMALL).slo
+    assert min_requests(slo, 20.0, 0.02) == math.ceil(0.5 * 20 * 1.02 / 0.02)
+    assert min_requests(load_scenario({**SMALL, "slo": {"tpot_s": 0.1}}).slo, 20.0, 0.02) is None
+
+
+def test_capacity_errors_name_the_fix(monkeypatch):
+    with pytest.raises(CbsimError, match=r"capacity needs an SLO: add slo: \{ttft_s"):
+        capacity({**SMALL, "slo": {"percentile": 99}})
+    written = {**SMALL, "workload": {"requests": [{"prompt_tokens": 4, "output_tokens": 2}]}}
+    with pytest.raises(CbsimError, match="written-out workload.requests"):
+        capacity(written)
+    with pytest.raises(CbsimError, match="between 0 and 1"):
+        capacity(SMALL, tolerance=2)
+    with pytest.raises(CbsimError, match="did you mean 'orca'"):
+        capacity(SMALL, policies=["orka"])
+    fake_curve(monkeypatch, lambda r: True)
+    with pytest.raises(CbsimError, match="raise workload.num_requests"):
+        search_capacity(load_scenario(SMALL), "orca")
+    fake_curve(monkeypatch, lambda r: False)
+    with pytest.raises(CbsimError, match="not met even at"):
+        search_capacity(load_scenario(SMALL), "orca")
+
+
+def test_cli_without_slo_is_one_clear_error(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(load_scenario({**SMALL, "slo": {}}).to_yaml())
+    r = cli("capacity", str(path))
+    assert isinstance(r.exception, CbsimError) and "capacity needs an SLO" in str(r.exception)
+
+
+# --- plan ------------------------------------------------------------------------------------
+def test_plan_finds_the_fewest_replicas_and_prices_them(tmp_path):
+    scn = load_scenario(SMALL, ["replicas.router=least-outstanding", "workload.num_requests=120"])
+    target = 60.0
+    p = plan(scn, target, workers=1)["orca"]
+    n = p.replicas
+    assert n is not None and n > 1
+    extra = ["replicas.router=least-outstanding", "workload.num_requests=120"]
+    assert slo_met(SMALL, "orca", target, [*extra, f"replicas.count={n}"]) is True
+    assert slo_met(SMALL, "orca", target, [*extra, f"replicas.count={n - 1}"]) is False
+    assert dict(p.probes)[n] is True and dict(p.probes)[n - 1] is False
+    assert p.summary["replicas"] == n
+    # GPUs = replicas × hardware.count; money per million = GPUs × price / (3600 × rate) × 1e6
+    assert p.gpus == n * scn.hardware.count and p.gpu_hours_per_hour == p.gpus
+    assert p.cost_per_hour == pytest.approx(p.gpus * 2.0)
+    assert p.cost_per_million_requests == pytest.approx(p.gpus * 2.0 / (3600 * target) * 1e6)
+
+
+def test_plan_reports_when_max_replicas_is_not_enough():
+    p = plan(SMALL, 60.0, max_replicas=1, workers=1)["orca"]
+    assert p.replicas is None and p.gpus is None and p.probes == [(1, False)]
+
+
+def test_plan_cli_prints_replicas_and_cost(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(load_scenario(SMALL, ["replicas.router=least-outstanding"]).to_yaml())
+    r = cli("plan", str(path), "--target-rate", "60", "--json", str(tmp_path / "plan.json"))
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "plan.json").read_text())["policies"]["orca"]
+    assert f"{got['cost_per_million_requests']:,.2f}" in r.output
+    assert "GPUs = replicas × hardware.count" in r.output
+    r = cli("plan", str(path), "--target-rate", "0")
+    assert isinstance(r.exception, CbsimError) and "--target-rate" in str(r.exception)

@@ -218,8 +218,14 @@ class Replica:
         k = int(np.searchsorted(times[1:], bound, side="left"))
         if k < MIN_STRETCH:
             return None
-        times = times[: k + 1]
-        return landing_delay(now, float(times[k])), batch, k, times, dts[:k], flops[:k], bytes_[:k]
+        while True:  # SimPy lands at now + delay: find a delay that lands exactly at the k-th end
+            delay = landing_delay(now, float(times[k]))
+            if delay is not None:
+                break
+            k -= 1  # rare: no float delay lands there; the last step is then taken normally
+            if k < MIN_STRETCH:
+                return None
+        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k]
 
     def _apply_stretch(self, batch, k, times, dts, flops, bytes_) -> None:
         policy, records, steps = self.policy, self.records, self.steps
@@ -242,16 +248,20 @@ class Replica:
                              policy.cpu_blocks_used(), reserved, stored, flops, bytes_)
 
 
-def landing_delay(now: float, target: float) -> float:
-    """A delay ``d`` with ``now + d == target`` in floating point (what SimPy computes)."""
+def landing_delay(now: float, target: float) -> float | None:
+    """A delay ``d >= 0`` with ``now + d == target`` in floating point (SimPy schedules a timeout
+    at ``now + delay``), or None when no float delay lands there (the sum can round past
+    ``target`` from both sides when ``target > 2 * now``)."""
     d = target - now
-    while now + d < target:
-        d = math.nextafter(d, math.inf)
-    while now + d > target:
-        d = math.nextafter(d, -math.inf)
-    if now + d != target:  # cannot happen for 0 <= now <= target; never land elsewhere
-        raise AssertionError(f"no delay lands exactly at {target!r} from {now!r}")
-    return d
+    if now + d == target:
+        return d
+    for direction in (math.inf, -math.inf):
+        e = d
+        for _ in range(4):
+            e = math.nextafter(e, direction)
+            if now + e == target and e >= 0:
+                return e
+    return None
 
 
 def fast_step_shape(plan: StepPlan) -> StepShape:
@@ -317,11 +327,11 @@ class DecodePricer:
         else:
             dts = np.full(k, lat.step_s, dtype=np.float64)
         dts = np.asarray(dts, dtype=np.float64)
-        for j in (0, k - 1):  # the model's own price of the first and last step must agree
-            dt, f, by = lat.price(self.shape(b, context, j + 1), None)
-            if not (dt == dts[j] and f == flops[j] and by == bytes_[j]):
-                self.kind = None  # the model changed under us: price step by step from now on
-                return None
+        # the model's own price of the last step must agree (a guard against drift)
+        dt, f, by = lat.price(self.shape(b, context, k), None)
+        if not (dt == dts[-1] and f == flops[-1] and by == bytes_[-1]):
+            self.kind = None  # the model changed under us: price step by step from now on
+            return None
         return dts, flops, bytes_
 
     def _stepwise(self, batch: list[Request], context: int, k: int):

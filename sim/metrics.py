@@ -77,6 +77,11 @@ def token_times_limit() -> int:
     return int(value) if value else TOKEN_TIMES_LIMIT
 
 
+def _raw(values) -> np.ndarray:
+    """float64 values as raw bytes for ``array('d').frombytes``."""
+    return np.ascontiguousarray(values, dtype=np.float64).view(np.uint8)
+
+
 class ReplicaSteps:
     """One replica's step rows: a typed column per stored field, and each step's end time."""
 
@@ -131,29 +136,24 @@ class ReplicaSteps:
         step and after each one (``k + 1`` values)."""
         k = len(durations)
         cols = self.columns
-
-        def const(value: int) -> bytes:
-            return np.full(k, value, dtype=np.int64).tobytes()
-
-        cols["start_s"].frombytes(np.ascontiguousarray(times[:-1], dtype=np.float64).tobytes())
-        cols["duration_s"].frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
-        zeros = const(0)
+        cols["start_s"].frombytes(_raw(times[:-1]))
+        cols["duration_s"].frombytes(_raw(durations))
         for name, value in (("running", running), ("waiting", waiting), ("num_seqs", num_seqs),
                             ("decode_tokens", num_seqs), ("batch_tokens", num_seqs),
                             ("cpu_blocks_used", cpu_blocks_used)):
-            cols[name].frombytes(const(value))
+            cols[name].extend(array("q", (value,)) * k)
+        zeros = array("q", (0,)) * k
         for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
                      "rejected", "swap_out_blocks", "swap_in_blocks"):
-            cols[name].frombytes(zeros)
-        for name, values in (("kv_blocks_used", kv_blocks_used), ("kv_reserved_tokens", reserved),
-                             ("kv_used_tokens", used)):
-            cols[name].frombytes(np.asarray(values, dtype=np.int64).tobytes())
+            cols[name].extend(zeros)
+        cols["kv_blocks_used"].extend(kv_blocks_used)
+        cols["kv_reserved_tokens"].extend(reserved)
+        cols["kv_used_tokens"].extend(used)
         for name, values in (("flops", flops), ("bytes", bytes_)):
-            values = np.asarray(values)
             if values.dtype.kind == "f":
                 self.all_int[name] = False
-            cols[name].frombytes(values.astype(np.float64).tobytes())
-        self.ends.frombytes(np.ascontiguousarray(times[1:], dtype=np.float64).tobytes())
+            cols[name].frombytes(_raw(values))
+        self.ends.frombytes(_raw(times[1:]))
 
     def column(self, name: str) -> np.ndarray:
         values = np.frombuffer(self.columns[name], dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)

@@ -3,6 +3,16 @@ simulation per policy entry, run them, and gather a :class:`sim.results.RunResul
 
 This is the one code path behind ``cbsim run``, ``sim.run()`` in notebooks, sweeps and capacity
 search.
+
+Where simulated time stops: at ``horizon_s`` when the scenario sets one; otherwise when every
+request has ended, but never later than a *default cap* of ``last arrival + max(DEFAULT_DRAIN_S,
+arrival span)``: one more hour, or as long again as the requests took to arrive, to drain what
+is queued. A system that needs longer than that to serve its backlog is overloaded, the latencies
+of its last requests mean nothing, and simulating the drain step by step would only cost time
+(and, for a policy that livelocks, never end). Requests left at the cap count as unfinished,
+with the reason saying so; set ``horizon_s`` to choose another end. Either way the summary
+reports the *backlog* at the end (``backlog``: requests queued, started but unfinished, and not
+yet arrived) and why requests were left (``unfinished_reasons``).
 """
 
 from __future__ import annotations
@@ -53,6 +63,42 @@ def make_router(scn: Scenario):
     return routing.make_router(scn.replicas.router) if hasattr(routing, "make_router") else None
 
 
+DEFAULT_DRAIN_S = 3600.0
+
+
+def time_limit(scn: Scenario, specs) -> tuple[float, bool]:
+    """(where simulated time stops, whether that is the default cap rather than ``horizon_s``)."""
+    if scn.horizon_s is not None:
+        return float(scn.horizon_s), False
+    if not specs:
+        return DEFAULT_DRAIN_S, True
+    first = min(s.arrival_s for s in specs)
+    last = max(s.arrival_s for s in specs)
+    return last + max(DEFAULT_DRAIN_S, last - first), True
+
+
+CAP_HINT = (f"horizon_s is null, so simulated time stops at the last arrival + max({DEFAULT_DRAIN_S:.0f} s, "
+            f"arrival span); set horizon_s to choose the end")
+
+
+def cap_reason(cap_s: float) -> str:
+    return f"simulated-time cap of {cap_s:,.0f} s reached"
+
+
+def backlog(requests: pd.DataFrame, end_s: float | None) -> dict:
+    """What was left when simulated time stopped: requests that had arrived and never started
+    (``queued``), had started and not finished (``running``: running, preempted or swapped), or
+    had not arrived yet (``not_arrived``, only with a horizon before the last arrival)."""
+    left = requests[requests["state"] == "unfinished"]
+    arrived = left["arrival_s"] < end_s if end_s is not None else left["arrival_s"] == left["arrival_s"]
+    started = left["admitted_s"].notna()
+    return {
+        "queued": int((arrived & ~started).sum()),
+        "running": int((arrived & started).sum()),
+        "not_arrived": int((~arrived).sum()),
+    }
+
+
 def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
                on_progress: Callable[[int], None] | None = None):
     """Simulate one policy entry; returns (requests, steps, summary, meta)."""
@@ -60,16 +106,22 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
     gpu = get_gpu(scn.hardware.gpu)
     tp = scn.hardware.tensor_parallel
     knobs = policy_knobs(scn, entry)
+    table_path = scn.resolve_path(scn.latency.path) if scn.latency.path else None
     replicas = []
     for _ in range(scn.replicas.count):
         policy = make_policy(entry.name, limits, **knobs)
-        latency = make_latency(scn.latency, model, gpu, tp, limits.block_size)
+        latency = make_latency(scn.latency, model, gpu, tp, limits.block_size, table_path)
         replicas.append((policy, latency))
+    end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn),
-                     horizon_s=scn.horizon_s, on_progress=on_progress)
+                     horizon_s=end_s, on_progress=on_progress)
     recorder = sim.run()
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
+    if capped:
+        at_cap = requests["reason"] == "horizon reached"
+        if at_cap.any():
+            requests.loc[at_cap, "reason"] = cap_reason(end_s)
     pol = replicas[0][0]
     meta = {
         "policy": entry.name,
@@ -79,6 +131,7 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
         "cpu_blocks_total": limits.num_cpu_blocks,
         "block_size": limits.block_size,
         "latency": replicas[0][1].name,
+        "swap_s_per_block": replicas[0][1].swap_time(1),
     }
     summary = summarize(
         requests, steps,
@@ -90,7 +143,31 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
         slo=scn.slo,
         num_replicas=scn.replicas.count,
     )
+    summary.update(end_report(requests, end_s, capped))
     return requests, steps, summary, meta
+
+
+def end_report(requests: pd.DataFrame, end_s: float, capped: bool) -> dict:
+    """How the run ended, for the summary: ``stopped`` is ``drained`` (every request ended),
+    ``horizon`` (horizon_s reached), ``time cap`` (the default cap reached) or ``stuck`` (the
+    policy could not schedule what was left); ``end_s`` the simulated time it stopped at (null
+    when drained or stuck); ``backlog`` and ``unfinished_reasons`` (reason -> count) what was left."""
+    reasons = requests.loc[requests["state"] == "unfinished", "reason"]
+    timed_out = reasons.isin(["horizon reached"]) | reasons.str.startswith("simulated-time cap")
+    if reasons.empty:
+        stopped = "drained"
+    elif timed_out.any():
+        stopped = "time cap" if capped else "horizon"
+    else:
+        stopped = "stuck"
+    stop_s = end_s if stopped in ("horizon", "time cap") else None
+    counts = reasons.value_counts()
+    return {
+        "stopped": stopped,
+        "end_s": stop_s,
+        "backlog": backlog(requests, stop_s),
+        "unfinished_reasons": {str(k): int(counts[k]) for k in sorted(counts.index, key=lambda k: (-counts[k], k))},
+    }
 
 
 def run(scenario, overrides=(), policies: list[str] | None = None, progress: bool = False) -> RunResult:

@@ -152,7 +152,7 @@ def read_steplog(path: str | Path) -> StepLog:
                          f"object (format: sim/steplog.py)") from None
     except UnicodeDecodeError:
         raise CbsimError(f"{p}: not a UTF-8 text file; a step log is one JSON object") from None
-    for name, (recognises, reader) in READERS.items():
+    for recognises, reader in READERS.values():
         if recognises(data):
             return reader(data, p)
     raise CbsimError(f"{p}: not a step log cbsim can read; known formats: {', '.join(READERS)} "
@@ -290,7 +290,7 @@ def read_vllm_json(data: dict, path: Path) -> StepLog:
         scheduled = f.get(s, "scheduled", where, dict)
         context = f.get(s, "context", where, dict)
         batch = []
-        for rid, n in scheduled.items():
+        for rid in scheduled:
             if rid not in ids:
                 raise f.fail(f"{where}.scheduled", f"request {rid!r} is not in requests[]")
             if rid not in context:

@@ -21,16 +21,20 @@ vLLM's rules (``v1/core/block_pool.py``, ``kv_cache_utils.py::FreeKVCacheBlockQu
   registered under one hash; a lookup returns the first one registered that is still cached, and
   evicting a block removes only that block.
 
-The queue is a doubly linked list over two integer arrays (O(1) pop, append, prepend and removal
-from the middle), and a block is just its index: no per-block Python objects.
+The queue always has the shape ``unhashed blocks ++ hashed blocks``: it starts with only
+unhashed blocks, unhashed blocks only ever enter at the front and hashed ones at the back, pops
+take the front, and :meth:`touch` only takes out cached (hashed) blocks. So it is kept as two
+parts, each with O(1) operations and no per-block Python object: the unhashed front as a list used
+as a stack (its top is the queue's front), and the hashed back as an ``OrderedDict`` in queue order
+(pop from its front, append at its back, remove from anywhere). A block is just its index.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 NULL_BLOCK = 0
-_NONE = -1
 
 
 class BlockPool:
@@ -50,94 +54,80 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * n
         # hash -> {block id: None}, in registration order (a dict is an ordered set)
         self._cached: dict[int, dict[int, None]] = {}
-        # free queue: doubly linked list; the head and tail sentinels are indices n and n+1
-        self._head, self._tail = n, n + 1
-        self._prev = [_NONE] * (n + 2)
-        self._next = [_NONE] * (n + 2)
-        self._in_queue = [False] * n
-        self._num_free = 0
-        self._next[self._head] = self._tail
-        self._prev[self._tail] = self._head
-        for b in range(1, n):
-            self._append(b)
+        # the free queue: unhashed front (a stack: the queue's front is its last item), then the
+        # hashed back in queue order
+        self._front: list[int] = list(range(num_usable, 0, -1))
+        self._back: OrderedDict[int, None] = OrderedDict()
 
     # --- the free queue ---------------------------------------------------------------------
     @property
     def num_free(self) -> int:
         """Blocks in the free queue, evictable cached blocks included (vLLM's ``get_num_free_blocks``)."""
-        return self._num_free
+        return len(self._front) + len(self._back)
 
     @property
     def num_used(self) -> int:
         """Blocks held by at least one request."""
-        return self.num_usable - self._num_free
-
-    def _link(self, b: int, before: int) -> None:
-        prev = self._prev[before]
-        self._next[prev] = b
-        self._prev[b] = prev
-        self._next[b] = before
-        self._prev[before] = b
-        self._in_queue[b] = True
-        self._num_free += 1
-
-    def _append(self, b: int) -> None:
-        self._link(b, self._tail)
-
-    def _prepend(self, b: int) -> None:
-        self._link(b, self._next[self._head])
-
-    def _unlink(self, b: int) -> None:
-        prev, nxt = self._prev[b], self._next[b]
-        self._next[prev] = nxt
-        self._prev[nxt] = prev
-        self._prev[b] = self._next[b] = _NONE
-        self._in_queue[b] = False
-        self._num_free -= 1
+        return self.num_usable - len(self._front) - len(self._back)
 
     def free_queue(self) -> list[int]:
         """The free queue front to back (for tests and debugging; O(free blocks))."""
-        out, b = [], self._next[self._head]
-        while b != self._tail:
-            out.append(b)
-            b = self._next[b]
-        return out
+        return self._front[::-1] + list(self._back)
 
     # --- allocation ---------------------------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the front of the free queue, evicting any cached content."""
-        if n > self._num_free:
-            raise ValueError(f"cannot allocate {n} blocks: only {self._num_free} free")
-        out = []
-        for _ in range(n):
-            b = self._next[self._head]
-            self._unlink(b)
-            if self.block_hash[b] is not None:
-                self._evict(b)
-            self.ref_cnt[b] = 1
+        front = self._front
+        ref = self.ref_cnt
+        if n <= len(front):  # the common case: never-used or unhashed blocks only
+            out = front[len(front) - n:]
+            out.reverse()
+            del front[len(front) - n:]
+            for b in out:
+                ref[b] = 1
+            return out
+        if n > self.num_free:
+            raise ValueError(f"cannot allocate {n} blocks: only {self.num_free} free")
+        out = front[::-1]
+        front.clear()
+        for b in out:
+            ref[b] = 1
+        back = self._back
+        for _ in range(n - len(out)):
+            b, _none = back.popitem(last=False)
+            self._evict(b)
+            ref[b] = 1
             out.append(b)
         return out
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take prefix-cache hits into use: ref count + 1, out of the free queue if they were free."""
+        ref = self.ref_cnt
         for b in blocks:
-            if self.ref_cnt[b] == 0:
-                self._unlink(b)
-            self.ref_cnt[b] += 1
+            if ref[b] == 0:
+                if self.block_hash[b] is not None:
+                    del self._back[b]
+                else:  # not a cache hit; kept correct all the same
+                    self._front.remove(b)
+            ref[b] += 1
 
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Release blocks in the given order (a request's blocks tail first, as vLLM passes them)."""
+        ref = self.ref_cnt
+        block_hash = self.block_hash
         to_front = []
         for b in ordered_blocks:
-            self.ref_cnt[b] -= 1
-            if self.ref_cnt[b] == 0:
-                if self.block_hash[b] is None:
+            c = ref[b] - 1
+            ref[b] = c
+            if c == 0:
+                if block_hash[b] is None:
                     to_front.append(b)
                 else:
-                    self._append(b)
+                    self._back[b] = None
         # unhashed blocks go to the front, keeping their given order
-        for b in reversed(to_front):
-            self._prepend(b)
+        if to_front:
+            to_front.reverse()
+            self._front.extend(to_front)
 
     # --- the prefix-cache registry ------------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:
@@ -174,7 +164,9 @@ class BlockPool:
     def check_invariants(self) -> None:
         """Raise AssertionError if the queue, ref counts and registry disagree (tests use this)."""
         queue = self.free_queue()
-        assert len(queue) == self._num_free, "queue length and counter disagree"
+        assert len(queue) == self.num_free, "queue length and counter disagree"
+        assert all(self.block_hash[b] is None for b in self._front), "a hashed block in the unhashed front"
+        assert all(self.block_hash[b] is not None for b in self._back), "an unhashed block in the hashed back"
         assert NULL_BLOCK not in queue, "the null block is in the free queue"
         in_q = set(queue)
         assert len(in_q) == len(queue), "a block is in the free queue twice"

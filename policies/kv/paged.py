@@ -267,6 +267,15 @@ class PagedKVManager:
             return allocated
         if len(events) > 1:
             events = sorted(set(events))
+        if not caching:
+            # only allocations, each of one block, and nothing is freed or evicted in between:
+            # popping them all at once hands out the same blocks in the same order
+            new = self.pool.get_new_blocks(len(events))
+            for (j, i), block in zip(events, new):
+                reqs[batch[i]].blocks.append(block)
+                allocated[j - 1] += 1
+            self._held_blocks += len(new)
+            return allocated
         for j, i in events:
             r = batch[i]
             c, o = r.num_computed_tokens, r.num_output_tokens

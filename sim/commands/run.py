@@ -51,11 +51,37 @@ def comparison_table(result):
         ("swapped blocks", lambda s: str(s["swapped_blocks"])),
         ("steps", lambda s: str(s["steps"])),
     ]
+    if any(result.summaries[label].get("stopped", "drained") != "drained" for label in result.labels):
+        rows.insert(1, ("ended", _ended))
+        rows.insert(2, ("backlog: queued / running / not arrived",
+                        lambda s: "{queued} / {running} / {not_arrived}".format(**s["backlog"])))
     if slo is not None and any(getattr(slo, k) is not None for k in ("ttft_s", "tpot_s", "e2e_s")):
         rows.append((f"meets SLO (p{slo.percentile:g})", lambda s: {True: "yes", False: "NO", None: "-"}[s["slo_met"]]))
     for name, fn in rows:
         t.add_row(name, *[fn(result.summaries[label]) for label in result.labels])
     return t
+
+
+def _ended(s: dict) -> str:
+    stopped = s.get("stopped", "drained")
+    if stopped in ("horizon", "time cap"):
+        return f"{stopped} at {_fmt(float(s['end_s']))} s"
+    return stopped
+
+
+def backlog_notes(result) -> list[str]:
+    """One line per policy that left requests unfinished: how many, and why."""
+    notes = []
+    for label in result.labels:
+        s = result.summaries[label]
+        if s["requests_unfinished"]:
+            why = "; ".join(f"{reason} ({n})" for reason, n in s.get("unfinished_reasons", {}).items())
+            notes.append(f"{label}: {s['requests_unfinished']} requests unfinished: {why}")
+    if any(result.summaries[label].get("stopped") == "time cap" for label in result.labels):
+        from sim.runner import CAP_HINT
+
+        notes.append(f"({CAP_HINT})")
+    return notes
 
 
 def _pct(v) -> str:
@@ -95,6 +121,8 @@ def run_cmd(
         return
     result = run(scn, policies=policy or None, progress=not quiet)
     console.print(comparison_table(result))
+    for note in backlog_notes(result):
+        console.print(f"[yellow]{note}[/]", highlight=False)
     target = out or Path("results") / scn.name
     result.save(target, plots=not no_plots)
     console.print(f"results: {target}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"

@@ -12,8 +12,9 @@ from sim.latency.base import LatencyModel, StepShape, step_shape
 __all__ = ["LatencyModel", "StepShape", "step_shape", "make_latency"]
 
 
-def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int) -> LatencyModel:
-    """Build the latency model named by a scenario's ``latency`` section."""
+def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int, path=None) -> LatencyModel:
+    """Build the latency model named by a scenario's ``latency`` section (``path``: the table
+    folder already resolved against the scenario's location)."""
     if cfg.backend == "constant":
         from sim.latency.constant import ConstantLatency
 
@@ -26,5 +27,6 @@ def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int) -> Late
     if cfg.backend == "table":
         from sim.latency.table import TableLatency
 
-        return TableLatency.from_path(cfg.path, model, gpu, tensor_parallel, block_size)
+        return TableLatency.from_path(path or cfg.path, model, gpu, tensor_parallel, block_size,
+                                      overhead_s=getattr(cfg, "overhead_s", None))
     raise ValueError(f"unknown latency backend {cfg.backend!r}")

@@ -316,7 +316,7 @@ def predict_steps(table: LatencyTable, model: dict, block_size: int, steps: list
     from policies.base import StepPlan
     from sim.hardware import get_gpu
     from sim.latency.base import step_shape
-    from sim.latency.table import TableLatency, TableExtrapolationWarning
+    from sim.latency.table import TableExtrapolationWarning, TableLatency
     from sim.models import get_model
 
     lat = TableLatency(table, get_model(model), get_gpu("cpu"), table.metadata.get("tensor_parallel", 1),
@@ -379,7 +379,7 @@ def _metadata(log: StepLog, n_train: int, seed: int, fraction: float, smoothness
         "tensor_parallel": log.config.tensor_parallel,
         "torch_version": None,
         "driver_version": None,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "grid": {},
         "num_gpu_blocks": log.config.num_gpu_blocks,
         "gpu_memory_utilization": None,

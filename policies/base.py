@@ -239,7 +239,8 @@ class Policy:
         running request (``batch``, in batch order) is scheduled for exactly one token with a
         non-empty context and emits it; nothing is admitted, preempted, rejected or swapped, and
         the waiting queue is left as it is. ``context`` is the sum of ``num_computed_tokens``
-        over the batch. None otherwise (the default). The engine must not mutate ``batch``."""
+        over the batch. None otherwise (the default). ``batch`` may be the policy's own list:
+        the engine does not mutate it (and reads it before any finish_step)."""
         return None
 
     def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
@@ -251,9 +252,11 @@ class Policy:
         token emission included (``num_computed_tokens`` and ``num_output_tokens`` of every
         request in ``batch`` grow by ``k``), in exactly the order ``k`` single steps would (block
         allocations and prefix-cache registrations alike). The engine guarantees that no request
-        of ``batch`` finishes within these steps and that nothing arrives before the last one
-        ends. Returns, per step, what a single step's record would read after it:
-        ``kv_blocks_used()`` and the two figures of ``kv_tokens_reserved_and_used()``."""
+        of ``batch`` finishes before the last of these steps and that nothing arrives before it
+        ends; requests that finish in the last step are then ended by the usual
+        ``finish_step(plan_of_the_last_step, finished)``. Returns, per step, what a single step's
+        record would read after it (before that last finish_step): ``kv_blocks_used()`` and the
+        two figures of ``kv_tokens_reserved_and_used()``."""
         raise NotImplementedError
 
 

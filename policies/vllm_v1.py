@@ -207,8 +207,15 @@ class VllmV1Policy(Policy):
         sched_n: list[int] = []
         preempted = plan.preempted
 
-        # Phase A: running requests, in list order
-        i = 0
+        # Phase A: running requests, in list order; all at once when each is one decode away
+        bulk = self._bulk_decodes(token_budget) if self._decode_ready else None
+        if bulk is None:
+            i = 0
+        else:
+            i = len(running)
+            sched.extend(running)
+            sched_n.extend([1] * i)
+            token_budget -= i
         while i < len(running) and token_budget > 0:
             r = running[i]
             computed = r.num_computed_tokens
@@ -312,9 +319,15 @@ class VllmV1Policy(Policy):
             plan.rejected.extend(self._rejected)
             self._rejected = []
         # num_computed_tokens moves at schedule time, as in vLLM's _update_after_schedule
-        context = []
         ready = len(sched) == len(running)  # every running request is scheduled (sched ⊆ running)
-        for r, n in zip(sched, sched_n):
+        if bulk is None:
+            context, rest = [], zip(sched, sched_n)
+        else:
+            context, nb = bulk, len(bulk)
+            for r in sched[:nb]:
+                r.num_computed_tokens += 1
+            rest = zip(sched[nb:], sched_n[nb:])
+        for r, n in rest:
             c = r.num_computed_tokens
             context.append(c)
             c += n
@@ -326,6 +339,45 @@ class VllmV1Policy(Policy):
         self._decode_ready = ready
         return plan
 
+    def _bulk_decodes(self, token_budget: int) -> list[int] | None:
+        """Phase A when every running request is one decode away and its block fits: the same
+        allocate_slots calls, in the same order, that the request-by-request pass would make
+        (only requests at a block boundary need one; the others' calls do nothing). Returns the
+        requests' contexts, or None (nothing changed) to take the request-by-request pass."""
+        running = self.running
+        if not running or len(running) > token_budget:
+            return None
+        kv = self.kv
+        B = kv.block_size
+        last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
+        context = []
+        edge = []
+        if kv.enable_caching:
+            states = kv.request_states()
+            for r in running:
+                c = r.num_computed_tokens
+                if c != r.prompt_tokens + r.num_output_tokens - 1 or c >= last:
+                    return None
+                context.append(c)
+                st = states[r]
+                if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks:
+                    edge.append(r)  # needs a block, or fills one that gets registered
+        else:
+            for r in running:
+                c = r.num_computed_tokens
+                if c != r.prompt_tokens + r.num_output_tokens - 1 or c >= last:
+                    return None
+                context.append(c)
+                if c % B == 0:
+                    edge.append(r)  # may need a new block
+        if edge:
+            if kv.decode_blocks_needed(edge, 1) > kv.num_free_blocks:
+                return None  # someone may be preempted: the request-by-request pass decides
+            for r in edge:
+                if kv.allocate_slots(r, 1) is None:
+                    raise AssertionError(f"{r.id}: a counted block did not fit")
+        return context
+
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
         if not finished:
             return
@@ -333,8 +385,11 @@ class VllmV1Policy(Policy):
             self.kv.release(r)
             self._stored_tokens -= r.num_computed_tokens
             r.status = Status.FINISHED
-        done = {id(r) for r in finished}
-        self.running = [r for r in self.running if id(r) not in done]
+        if len(finished) == 1:
+            self.running.remove(finished[0])  # identity: requests do not define equality
+        else:
+            done = set(finished)  # hashed by identity
+            self.running = [r for r in self.running if r not in done]
 
     # --- statistics -------------------------------------------------------------------------
     @property

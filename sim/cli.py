@@ -19,6 +19,10 @@ app = typer.Typer(
 )
 
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT (128 + 2)
+INTERRUPTED_MESSAGE = "interrupted: stopped by Ctrl-C; nothing half-written was left behind"
+
+
 def main() -> None:
     from rich.console import Console
 
@@ -28,14 +32,16 @@ def main() -> None:
     err = Console(stderr=True, soft_wrap=True)
     try:
         rc = app(standalone_mode=False)
+        if rc == INTERRUPTED:  # typer turns Ctrl-C inside a command into exit code 130, silently
+            raise KeyboardInterrupt
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except CbsimError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
-        err.print("interrupted: nothing half-written was left behind", highlight=False)
-        sys.exit(130)
+        err.print(INTERRUPTED_MESSAGE, highlight=False)
+        sys.exit(INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:  # click usage errors and aborts
@@ -45,6 +51,6 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         if isinstance(exc, click.exceptions.Abort):
-            err.print("interrupted: nothing half-written was left behind", highlight=False)
-            sys.exit(130)
+            err.print(INTERRUPTED_MESSAGE, highlight=False)
+            sys.exit(INTERRUPTED)
         raise

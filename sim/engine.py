@@ -19,11 +19,12 @@ steps are such pure decodes (``Policy.decode_stretch``), the replica applies ``k
 once: their step times are priced together (each exactly as a single step would be, contexts
 growing by one token per step), the clock is advanced by adding them one by one from ``env.now``
 as SimPy would, and the policy advances its state in the order ``k`` single steps would have
-(``Policy.advance_decodes``). A stretch stops strictly before the next arrival's event time,
-before the horizon, before the step in which any request would finish, and before KV memory
-would run out, so nothing any other process could observe differs: the same steps, tokens,
-times and records, bit for bit. ``Simulation(..., fast_forward=False)`` or the environment
-variable ``CBSIM_NO_FAST_FORWARD=1`` turns it off (for debugging; tests compare both).
+(``Policy.advance_decodes``). A stretch ends strictly before the next arrival's event time and
+the horizon, with the step in which the first request finishes (that step's finishes are then
+applied as a single step applies them), and before KV memory would run out, so nothing any other
+process could observe differs: the same steps, tokens, times and records, bit for bit.
+``Simulation(..., fast_forward=False)`` or the environment variable ``CBSIM_NO_FAST_FORWARD=1``
+turns it off (for debugging; tests compare both).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from policies.base import Policy, Request, Status, StepPlan
 from sim.latency.base import LatencyModel, StepShape, step_shape
 from sim.metrics import Recorder, RequestRecord
 from sim.request_spec import RequestSpec
+from sim.routing import round_robin
 
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 
@@ -48,15 +50,6 @@ MIN_STRETCH = 2  # shorter stretches are stepped normally
 
 def fast_forward_default() -> bool:
     return os.environ.get("CBSIM_NO_FAST_FORWARD", "").strip().lower() in ("", "0", "false", "no")
-
-
-def round_robin() -> Router:
-    counter = iter(range(1 << 62))
-
-    def route(spec, replicas):
-        return next(counter) % len(replicas)
-
-    return route
 
 
 class Replica:
@@ -82,6 +75,8 @@ class Replica:
         self.fast_forward = (fast_forward and simulation is not None
                              and type(policy).decode_stretch is not Policy.decode_stretch)
         self.pricer = DecodePricer(latency) if self.fast_forward else None
+        self.stretches = 0  # pure-decode stretches fast-forwarded, and the steps they held
+        self.stretch_steps = 0
         self.process = env.process(self.loop())
 
     def submit(self, rec: RequestRecord) -> None:
@@ -136,6 +131,11 @@ class Replica:
             for req in plan.rejected:
                 self._end(records[req.id], "rejected", req.reject_reason or "rejected by the policy")
             if plan.is_empty:
+                if plan.rejected or plan.preempted:
+                    # the policy freed memory without running anything (e.g. vllm-v0 preempted
+                    # and rejected its only decode): it may admit a waiting request now. Bounded:
+                    # each such plan rejects a request or preempts one that ran before.
+                    continue
                 if self.arrivals_done:
                     # nothing can run and nothing will arrive: what is left can never progress
                     for req in policy.drain():
@@ -151,8 +151,10 @@ class Replica:
                     rec.admitted_s = start
             shape = fast_step_shape(plan)
             dt, flops, bytes_ = latency.price(shape, plan)
+            swap_s = 0.0
             if plan.swap_out_blocks or plan.swap_in_blocks:
-                dt += latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
+                swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
+                dt += swap_s
             yield env.timeout(dt)
             now = env.now
             step = len(steps)  # this step's index on this replica
@@ -178,7 +180,8 @@ class Replica:
                 self._end(records[req.id], "finished")
             reserved, used = policy.kv_tokens_reserved_and_used()
             append_step(now, start, dt, policy.num_running, policy.num_waiting, shape, plan, len(finished),
-                        policy.kv_blocks_used(), policy.cpu_blocks_used(), reserved, used, flops, bytes_)
+                        policy.kv_blocks_used(), policy.cpu_blocks_used(), reserved, used, flops, bytes_,
+                        swap_s)
 
     # --- fast-forward ---------------------------------------------------------------------------
     def _prepare_stretch(self, batch: list[Request], context: int):
@@ -198,10 +201,10 @@ class Replica:
         if room < MIN_STRETCH * dt1:
             return None
         k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1)
-        # no request may finish within the stretch: stop before the first one's last token
+        # no request may finish before the stretch's last step: stop at the first one's last token
         records = self.records
         for req in batch:
-            margin = records[req.id].finish_at - req.num_output_tokens - 1
+            margin = records[req.id].finish_at - req.num_output_tokens
             if margin < k:
                 k = margin
                 if k < MIN_STRETCH:
@@ -230,7 +233,9 @@ class Replica:
     def _apply_stretch(self, batch, k, times, dts, flops, bytes_) -> None:
         policy, records, steps = self.policy, self.records, self.steps
         step = len(steps)  # the stretch's first step on this replica
+        last_time = float(times[k])
         first_time = None
+        finishing = []
         for req in batch:
             out = req.num_output_tokens
             rec = records[req.id]
@@ -242,10 +247,26 @@ class Replica:
                 rec.run_tok = 0
             elif step - rec.run_step != out - rec.run_tok:
                 rec.break_run(step, out)
+            if out + k >= rec.finish_at:  # only in the last step (see _prepare_stretch)
+                finishing.append(req)
         kv_used, reserved, stored = policy.advance_decodes(batch, k)
-        b = len(batch)
-        steps.extend_decodes(times, dts, policy.num_running, policy.num_waiting, b, kv_used,
-                             policy.cpu_blocks_used(), reserved, stored, flops, bytes_)
+        b = len(batch)  # batch may be the policy's own running list: finish_step changes it
+        running, waiting = policy.num_running, policy.num_waiting
+        if finishing:  # the last step ends these requests, as a single step would
+            last = StepPlan(scheduled=list(batch), num_new_tokens=[1] * b,
+                            context=[r.num_computed_tokens - 1 for r in batch])
+            for req in finishing:
+                req.status = Status.FINISHED
+                records[req.id].finish_s = last_time
+            policy.finish_step(last, finishing)
+            for req in finishing:
+                self._end(records[req.id], "finished")
+            kv_used[-1] = policy.kv_blocks_used()
+            reserved[-1], stored[-1] = policy.kv_tokens_reserved_and_used()
+        self.stretches += 1
+        self.stretch_steps += k
+        steps.extend_decodes(times, dts, running, waiting, b, kv_used, policy.cpu_blocks_used(),
+                             reserved, stored, flops, bytes_, len(finishing), policy.num_running)
 
 
 def landing_delay(now: float, target: float) -> float | None:
@@ -265,16 +286,28 @@ def landing_delay(now: float, target: float) -> float | None:
 
 
 def fast_step_shape(plan: StepPlan) -> StepShape:
-    """``step_shape(plan)``, computed without a Python loop when every scheduled request decodes."""
+    """``step_shape(plan)``, with the decodes (one new token on a non-empty context) summed by
+    builtins and only the prefill chunks visited one by one, in batch order as there."""
     nn = plan.num_new_tokens
-    if nn and not plan.padding_tokens and not plan.padding_context:
-        ctx = plan.context
-        if min(nn) == 1 == max(nn) and min(ctx) > 0:
-            b = len(nn)
-            d = sum(ctx) + b
-            return StepShape(num_tokens=b, num_seqs=len(plan.scheduled), prefill_tokens=0, decode_tokens=b,
-                             prefill_attn=0.0, decode_ctx=d, kv_tokens_read=d)
-    return step_shape(plan)
+    ctx = plan.context
+    if not nn or min(ctx) <= 0:
+        return step_shape(plan)
+    total_ctx = sum(ctx)
+    prefill_tokens = prefill_ctx = 0
+    prefill_attn = 0.0
+    if min(nn) == 1 == max(nn):
+        decodes = len(nn)
+    else:
+        decodes = nn.count(1)
+        for i in [i for i, n in enumerate(nn) if n != 1]:
+            n, c = nn[i], ctx[i]
+            prefill_tokens += n
+            prefill_attn += n * (c + (n + 1) / 2)
+            prefill_ctx += c
+    kv_read = total_ctx + sum(nn) + plan.padding_context
+    return StepShape(num_tokens=prefill_tokens + decodes + plan.padding_tokens, num_seqs=len(plan.scheduled),
+                     prefill_tokens=prefill_tokens, decode_tokens=decodes, prefill_attn=prefill_attn,
+                     decode_ctx=total_ctx - prefill_ctx + decodes + plan.padding_context, kv_tokens_read=kv_read)
 
 
 class DecodePricer:

@@ -28,6 +28,9 @@ from sim.hardware import GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
 
 GIB = 1 << 30
+# Most KV blocks cbsim simulates (over all replicas): vllm-v1's pool keeps a few integers per
+# block, so beyond this a run would exhaust memory before it started.
+MAX_KV_BLOCKS = 1 << 24
 
 
 def block_bytes(model: ModelSpec, block_size: int, tp: int = 1) -> int:
@@ -71,8 +74,23 @@ def resolve_kv(scenario) -> tuple[int, int]:
 
     ``engine.num_gpu_blocks`` pins the usable count; otherwise it is :func:`num_gpu_blocks`
     minus vLLM V1's null block. A computed pool that cannot hold one ``max_model_len`` request is
-    an error, as in vLLM (``max_model_len`` larger than the KV cache can store).
+    an error, as in vLLM (``max_model_len`` larger than the KV cache can store), and so is one
+    of more than ``MAX_KV_BLOCKS`` blocks over all replicas (a tiny model with block_size 1 on a
+    big GPU: tens of millions of blocks would exhaust the simulator's memory before it started).
     """
+    usable, cpu = _resolve_kv(scenario)
+    replicas = scenario.replicas.count
+    if usable * replicas > MAX_KV_BLOCKS:
+        eng = scenario.engine
+        raise CbsimError(
+            f"the KV cache would have {usable:,} blocks of {eng.block_size} tokens per replica × {replicas} "
+            f"replica(s), more than the {MAX_KV_BLOCKS:,} blocks cbsim simulates; raise engine.block_size, "
+            f"lower hardware.gpu_memory_utilization, or pin engine.num_gpu_blocks"
+        )
+    return usable, cpu
+
+
+def _resolve_kv(scenario) -> tuple[int, int]:
     model = get_model(scenario.model)
     gpu = get_gpu(scenario.hardware.gpu)
     tp = scenario.hardware.tensor_parallel
@@ -92,4 +110,8 @@ def resolve_kv(scenario) -> tuple[int, int]:
 
 
 def _bytes(n: float) -> str:
-    return f"{n / GIB:.2f} GiB"
+    """GiB for weights, MiB or KiB for a block: never "0.00 GiB"."""
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} bytes"

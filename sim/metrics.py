@@ -57,6 +57,7 @@ STEP_COLUMNS = (
     "kv_used_tokens",
     "flops",
     "bytes",
+    "swap_s",  # of duration_s, the time charged for swapping KV blocks over PCIe
 )
 REQUEST_COLUMNS = (
     "id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "generated",
@@ -65,10 +66,10 @@ REQUEST_COLUMNS = (
 )
 # columns a replica stores per step (``replica`` and ``step`` are added when frames are built)
 STORED_COLUMNS = STEP_COLUMNS[2:]
-_FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes")
+_FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes", "swap_s")
 _MAYBE_INT = ("flops", "bytes")  # int64 in the frame if every value was an integer
 
-TOKEN_TIMES_LIMIT = 50_000_000  # tokens; beyond this, token_times_s is not built in memory
+TOKEN_TIMES_LIMIT = 20_000_000  # tokens (160 MB of times); beyond this, token_times_s stays out of memory
 _EXACT_INT_FLOAT = 2**53
 
 
@@ -91,14 +92,14 @@ class ReplicaSteps:
         self.ends = array("d")  # the clock when each step ended: the time of its tokens
         self.all_int = {c: True for c in _MAYBE_INT}
         cols = self.columns
-        self._append = tuple(cols[c].append for c in STORED_COLUMNS[:-2])
+        self._append = tuple(cols[c].append for c in STORED_COLUMNS[:-3])
 
     def __len__(self) -> int:
         return len(self.ends)
 
     def append(self, end: float, start: float, duration: float, running: int, waiting: int,
                shape, plan: StepPlan, n_finished: int, kv_blocks_used: int, cpu_blocks_used: int,
-               reserved: int, used: int, flops, bytes_) -> None:
+               reserved: int, used: int, flops, bytes_, swap_s: float = 0.0) -> None:
         (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
          a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used) = self._append
         a_start(start)
@@ -122,6 +123,7 @@ class ReplicaSteps:
         a_used(used)
         self._add_maybe_int("flops", flops)
         self._add_maybe_int("bytes", bytes_)
+        self.columns["swap_s"].append(swap_s)
         self.ends.append(end)
 
     def _add_maybe_int(self, name: str, value) -> None:
@@ -131,9 +133,11 @@ class ReplicaSteps:
 
     def extend_decodes(self, times: np.ndarray, durations: np.ndarray, running: int, waiting: int,
                        num_seqs: int, kv_blocks_used, cpu_blocks_used: int, reserved, used,
-                       flops: np.ndarray, bytes_: np.ndarray) -> None:
+                       flops: np.ndarray, bytes_: np.ndarray, finished: int = 0,
+                       running_after: int | None = None) -> None:
         """Rows of ``k`` pure-decode steps at once: ``times`` holds the clock before the first
-        step and after each one (``k + 1`` values)."""
+        step and after each one (``k + 1`` values). ``finished`` requests end in the last step,
+        leaving ``running_after`` running."""
         k = len(durations)
         cols = self.columns
         cols["start_s"].frombytes(_raw(times[:-1]))
@@ -146,6 +150,10 @@ class ReplicaSteps:
         for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
                      "rejected", "swap_out_blocks", "swap_in_blocks"):
             cols[name].extend(zeros)
+        if finished:
+            cols["finished"][-1] = finished
+            cols["running"][-1] = running_after
+        cols["swap_s"].extend(array("d", (0.0,)) * k)
         cols["kv_blocks_used"].extend(kv_blocks_used)
         cols["kv_reserved_tokens"].extend(reserved)
         cols["kv_used_tokens"].extend(used)
@@ -273,27 +281,31 @@ class Recorder:
         self.records.append(rec)
 
     def on_step(self, replica: int, start: float, duration: float, plan: StepPlan, policy,
-                n_finished: int, shape, flops: float, bytes_: float, end: float | None = None) -> None:
+                n_finished: int, shape, flops: float, bytes_: float, end: float | None = None,
+                swap_s: float = 0.0) -> None:
         """Record one step (the engine's own path appends to :class:`ReplicaSteps` directly)."""
         reserved, used = policy.kv_tokens_reserved_and_used()
         self.replica_steps(replica).append(
             start + duration if end is None else end, start, duration, policy.num_running,
             policy.num_waiting, shape, plan, n_finished, policy.kv_blocks_used(),
-            policy.cpu_blocks_used(), reserved, used, flops, bytes_)
+            policy.cpu_blocks_used(), reserved, used, flops, bytes_, swap_s)
 
     # --- token times --------------------------------------------------------------------------
     def total_tokens(self) -> int:
         return sum(r.generated for r in self.records)
 
     def _runs(self, records):
-        """Arrays over every run of the given records: global step index, length, and the
-        records' token offsets into the flattened token list."""
-        offsets = np.zeros(len(self.replicas) + 1, dtype=np.int64)
-        np.cumsum([len(s) for s in self.replicas], out=offsets[1:])
+        """Arrays over every run of the given records, in order: its first step (an index into
+        every replica's steps laid end to end, as ``_all_ends``), its length, and per record
+        the number of runs."""
+        offsets, total = [], 0
+        for s in self.replicas:
+            offsets.append(total)
+            total += len(s)
         starts, lengths, counts = [], [], []
         for r in records:
             n_runs = 0
-            base = int(offsets[r.replica]) if r.steps is not None else 0
+            base = offsets[r.replica] if r.steps is not None else 0
             for first, n in r.token_runs():
                 starts.append(base + first)
                 lengths.append(n)
@@ -403,7 +415,7 @@ class Recorder:
             cols["token_times_s"] = tt
         else:
             columns.remove("token_times_s")
-        return pd.DataFrame(cols, columns=columns)
+        return pd.DataFrame(cols, columns=columns, copy=False)
 
     def steps_frame(self) -> pd.DataFrame:
         """One row per step, every replica's, in the order the steps ended (ties: replica index)."""
@@ -426,7 +438,9 @@ class Recorder:
                 if name in _MAYBE_INT and len({p.dtype for p in parts}) > 1:
                     parts = [p.astype(np.float64) for p in parts]
                 cols[name] = np.concatenate(parts)[order]
-        return pd.DataFrame(cols, columns=list(STEP_COLUMNS))
+        # the columns are fresh arrays or views of the replicas' buffers, which no longer change:
+        # no copy (one block per column)
+        return pd.DataFrame(cols, columns=list(STEP_COLUMNS), copy=False)
 
 
 def weighted_stats(values: np.ndarray, weights: np.ndarray, percentiles) -> dict:

@@ -55,6 +55,8 @@ def parse_value(text: str) -> Any:
         return yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as exc:
         raise ScenarioError(f"--set value {text!r} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except RecursionError:
+        raise ScenarioError(f"--set value {text[:40]!r}...: nested too deeply to read") from None
 
 
 def split_override(item: str) -> tuple[list[str], Any]:

@@ -49,10 +49,44 @@ class RunResult:
         raise AttributeError(name)
 
     # --- disk ---------------------------------------------------------------------------------
+    @staticmethod
+    def check_target(out_dir: str | Path) -> Path:
+        """The folder :meth:`save` may write (resolved), or a :class:`CbsimError` if saving there
+        would destroy something that is not an earlier cbsim result. Call it before a long run."""
+        from sim.errors import CbsimError
+
+        out = Path(out_dir).expanduser().resolve()
+        if not out.exists():
+            if out.parent.exists() and not out.parent.is_dir():
+                raise CbsimError(f"cannot write results into {out}: {out.parent} is a file, not a folder")
+            return out
+        if not out.is_dir():
+            raise CbsimError(f"cannot write results to {out}: it is a file; give a folder name (--out DIR)")
+        entries = list(out.iterdir())
+        foreign = [p.name for p in entries if not (p.is_file() and _is_result_file(p.name))]
+        if entries and (foreign or not (out / "summary.json").exists()):
+            shown = ", ".join(sorted(foreign)[:3]) or "no summary.json"
+            raise CbsimError(f"{out} already exists and is not a cbsim results folder ({shown}); results "
+                             f"replace a folder whole, so give a new folder or an earlier results folder (--out DIR)")
+        return out
+
     def save(self, out_dir: str | Path, plots: bool = True) -> Path:
-        out = Path(out_dir)
+        """Write the results folder atomically: everything goes into a hidden temporary sibling,
+        which is renamed into place only when complete. An existing results folder there is
+        replaced whole (and put back if anything fails, Ctrl-C included); any other existing
+        folder is refused (:meth:`check_target`)."""
+        from sim.errors import CbsimError
+
+        out = self.check_target(out_dir)
+        try:
+            return self._save(out, plots)
+        except OSError as exc:  # no permission, disk full, a read-only file system
+            raise CbsimError(f"cannot write results to {out}: {exc.strerror or exc}") from None
+
+    def _save(self, out: Path, plots: bool) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        old = None
         try:
             self.requests.to_parquet(tmp / "requests.parquet", index=False)
             self.steps.to_parquet(tmp / "steps.parquet", index=False)
@@ -67,13 +101,17 @@ class RunResult:
             if out.exists():
                 old = out.parent / f".{out.name}.old-{os.getpid()}"
                 out.rename(old)
-                tmp.rename(out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(out)
+            tmp.rename(out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None and old.exists() and not out.exists():
+                old.rename(out)  # put the earlier results back
             raise
+        if old is not None:
+            try:
+                shutil.rmtree(old)
+            finally:  # even when interrupted half-way: no hidden leftovers
+                shutil.rmtree(old, ignore_errors=True)
         return out
 
     @classmethod
@@ -95,3 +133,10 @@ class RunResult:
             summaries=summary["policies"],
             meta=summary.get("meta", {}),
         )
+
+
+RESULT_FILES = ("requests.parquet", "steps.parquet", "summary.json", "scenario.yaml")
+
+
+def _is_result_file(name: str) -> bool:
+    return name in RESULT_FILES or name.endswith(".png")

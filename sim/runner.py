@@ -29,6 +29,7 @@ from sim.kv_capacity import resolve_kv
 from sim.latency import make_latency
 from sim.models import get_model
 from sim.results import RunResult
+from sim.routing import make_router
 from sim.scenario import Scenario, load_scenario
 from sim.summary import summarize
 from sim.workload import build_workload
@@ -57,12 +58,6 @@ def policy_knobs(scn: Scenario, entry) -> dict:
     return knobs
 
 
-def make_router(scn: Scenario):
-    from sim import routing
-
-    return routing.make_router(scn.replicas.router) if hasattr(routing, "make_router") else None
-
-
 DEFAULT_DRAIN_S = 3600.0
 
 
@@ -82,7 +77,7 @@ CAP_HINT = (f"horizon_s is null, so simulated time stops at the last arrival + m
 
 
 def cap_reason(cap_s: float) -> str:
-    return f"simulated-time cap of {cap_s:,.0f} s reached"
+    return f"simulated-time cap of {cap_s:,.0f} s reached"  # per request; the summary counts them
 
 
 def backlog(requests: pd.DataFrame, end_s: float | None) -> dict:
@@ -113,7 +108,7 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
         latency = make_latency(scn.latency, model, gpu, tp, limits.block_size, table_path)
         replicas.append((policy, latency))
     end_s, capped = time_limit(scn, specs)
-    sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn),
+    sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress)
     recorder = sim.run()
     requests = recorder.requests_frame()
@@ -142,31 +137,40 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
         hbm_bandwidth=gpu.hbm_bandwidth * scn.replicas.count,
         slo=scn.slo,
         num_replicas=scn.replicas.count,
+        # ITL from the recorder's runs of token times (sim.metrics): the same order statistics
+        # without a list of every gap (and runs too large to keep token times in memory have none)
+        itl=recorder.itl_stats(),
     )
     summary.update(end_report(requests, end_s, capped))
     return requests, steps, summary, meta
 
 
 def end_report(requests: pd.DataFrame, end_s: float, capped: bool) -> dict:
-    """How the run ended, for the summary: ``stopped`` is ``drained`` (every request ended),
-    ``horizon`` (horizon_s reached), ``time cap`` (the default cap reached) or ``stuck`` (the
-    policy could not schedule what was left); ``end_s`` the simulated time it stopped at (null
-    when drained or stuck); ``backlog`` and ``unfinished_reasons`` (reason -> count) what was left."""
+    """How the run ended, for the summary (fixed keys, so sweep tables keep one schema):
+
+    * ``stopped``: ``drained`` (every request ended), ``horizon`` (horizon_s reached), ``time cap``
+      (the default cap reached) or ``stuck`` (the policy could not schedule what was left);
+    * ``end_s``: the simulated time it stopped at (null when drained or stuck);
+    * ``backlog``: what was left (:func:`backlog`);
+    * ``unfinished_reasons``: unfinished requests counted by why: ``horizon``, ``time_cap``,
+      ``stuck``.
+    """
     reasons = requests.loc[requests["state"] == "unfinished", "reason"]
     timed_out = reasons.isin(["horizon reached"]) | reasons.str.startswith("simulated-time cap")
+    n_out, n_stuck = int(timed_out.sum()), int((~timed_out).sum())
     if reasons.empty:
         stopped = "drained"
-    elif timed_out.any():
+    elif n_out:
         stopped = "time cap" if capped else "horizon"
     else:
         stopped = "stuck"
     stop_s = end_s if stopped in ("horizon", "time cap") else None
-    counts = reasons.value_counts()
     return {
         "stopped": stopped,
         "end_s": stop_s,
         "backlog": backlog(requests, stop_s),
-        "unfinished_reasons": {str(k): int(counts[k]) for k in sorted(counts.index, key=lambda k: (-counts[k], k))},
+        "unfinished_reasons": {"horizon": 0 if capped else n_out, "time_cap": n_out if capped else 0,
+                               "stuck": n_stuck},
     }
 
 

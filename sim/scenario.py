@@ -21,10 +21,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticUndefined
 
 from sim.errors import CbsimError, ScenarioError, nearest
+from sim.kv_capacity import MAX_KV_BLOCKS
 from sim.overrides import StrictLoader, apply_overrides
 
 GIB = 1 << 30
@@ -51,7 +60,16 @@ class KeyedError(ValueError):
 
 
 def _cfg(**extra: Any) -> ConfigDict:
-    return ConfigDict(extra="forbid", strict=True, **extra)
+    # allow_inf_nan=False: `.inf` or `.nan` in YAML is a mistake, never a rate or a length
+    return ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, **extra)
+
+
+# Sizes past which a run would exhaust memory before it started: refused with a clear message
+# instead of an allocation error (10 million requests take several GB as request objects;
+# MAX_KV_BLOCKS: see sim.kv_capacity).
+MAX_REQUESTS = 10_000_000
+MAX_REPLICAS = 1024
+MAX_TOKENS = 10**9  # any token count (lengths, limits): far above every model's context, inside int64
 
 
 # ------------------------------------------------------------------------------------------------
@@ -159,13 +177,16 @@ class Engine(BaseModel):
 
     model_config = _cfg()
 
-    block_size: int = Field(16, ge=1, description="tokens per KV block (a power of two)")
-    max_num_seqs: int = Field(256, ge=1, description="most requests running at once")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one step (>= block_size)")
-    max_model_len: int = Field(8192, ge=1, description="longest prompt + output; longer requests are rejected")
+    block_size: int = Field(16, ge=1, le=MAX_TOKENS, description="tokens per KV block (a power of two)")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_TOKENS, description="most requests running at once")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS,
+                                        description="token budget of one step (>= block_size)")
+    max_model_len: int = Field(8192, ge=1, le=MAX_TOKENS,
+                               description="longest prompt + output; longer requests are rejected")
     swap_space_gib: float = Field(4.0, ge=0, description="GiB of host memory per GPU for swapped-out KV blocks")
-    num_gpu_blocks: int | None = Field(None, ge=1, description="pin the usable KV block count; null: "
-                                       "computed from memory as vLLM does (sim.kv_capacity)")
+    num_gpu_blocks: int | None = Field(None, ge=1, le=MAX_KV_BLOCKS,
+                                       description="pin the usable KV block count; null: computed from "
+                                                   "memory as vLLM does (sim.kv_capacity)")
     enable_prefix_caching: bool = Field(False, description="reuse KV blocks of identical prompt prefixes "
                                                            "(policies that support it)")
 
@@ -219,11 +240,11 @@ class LengthDist(BaseModel):
     dist: Literal["fixed", "uniform", "lognormal", "trace"] = Field(
         "fixed", description="fixed {value}, uniform {min, max} (inclusive), lognormal {mean, p99}, or "
                              "trace (the trace's own lengths)")
-    value: int | None = Field(None, ge=1, description="tokens (fixed)")
-    min: int | None = Field(None, ge=1, description="smallest length (uniform)")
-    max: int | None = Field(None, ge=1, description="largest length (uniform)")
-    mean: float | None = Field(None, gt=0, description="mean length (lognormal)")
-    p99: float | None = Field(None, gt=0, description="99th-percentile length (lognormal), > mean")
+    value: int | None = Field(None, ge=1, le=MAX_TOKENS, description="tokens (fixed)")
+    min: int | None = Field(None, ge=1, le=MAX_TOKENS, description="smallest length (uniform)")
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="largest length (uniform)")
+    mean: float | None = Field(None, gt=0, le=MAX_TOKENS, description="mean length (lognormal)")
+    p99: float | None = Field(None, gt=0, le=MAX_TOKENS, description="99th-percentile length (lognormal), > mean")
 
     @model_validator(mode="after")
     def _check(self) -> LengthDist:
@@ -277,9 +298,10 @@ class Prefix(BaseModel):
 
     model_config = _cfg()
 
-    num_groups: int = Field(1, ge=1, description="distinct shared prefixes; each request draws one uniformly")
-    prefix_len: int = Field(ge=1, description="tokens of the shared prefix (required); a prompt shorter than "
-                                              "this is all prefix")
+    num_groups: int = Field(1, ge=1, le=MAX_REQUESTS,
+                            description="distinct shared prefixes; each request draws one uniformly")
+    prefix_len: int = Field(ge=1, le=MAX_TOKENS, description="tokens of the shared prefix (required); a "
+                                                             "prompt shorter than this is all prefix")
 
 
 class InlineRequest(BaseModel):
@@ -288,11 +310,13 @@ class InlineRequest(BaseModel):
     model_config = _cfg()
 
     arrival_s: float = Field(0.0, ge=0, description="arrival time in seconds")
-    prompt_tokens: int = Field(ge=1, description="prompt length (required)")
-    output_tokens: int = Field(ge=1, description="tokens it really generates (required)")
-    max_tokens: int | None = Field(None, ge=1, description="the client's limit (>= output_tokens); null: "
-                                                           "workload.max_tokens, else output_tokens")
-    priority: int = Field(0, description="scheduling priority (policies that use it; lower runs first)")
+    prompt_tokens: int = Field(ge=1, le=MAX_TOKENS, description="prompt length (required)")
+    output_tokens: int = Field(ge=1, le=MAX_TOKENS, description="tokens it really generates (required)")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                   description="the client's limit (>= output_tokens); null: "
+                                               "workload.max_tokens, else output_tokens")
+    priority: int = Field(0, ge=-MAX_TOKENS, le=MAX_TOKENS,
+                          description="scheduling priority (policies that use it; lower runs first)")
 
     @model_validator(mode="after")
     def _check(self) -> InlineRequest:
@@ -320,7 +344,8 @@ class Workload(BaseModel):
 
     model_config = _cfg()
 
-    num_requests: int | None = Field(1000, ge=1, description="requests to generate (synthetic); with a "
+    num_requests: int | None = Field(1000, ge=1, le=MAX_REQUESTS,
+                                     description="requests to generate (synthetic); with a "
                                      "trace the first N of the window (default: all); with requests: "
                                      "their count")
     arrival: Arrival = Field(default_factory=_default_arrival,
@@ -332,7 +357,8 @@ class Workload(BaseModel):
     output_tokens: LengthDist = Field(default_factory=_default_output,
                                       description="output lengths (where EOS comes); default lognormal mean 211, "
                                                   "p99 601 (Azure conversation trace; with a trace: its lengths)")
-    max_tokens: int | None = Field(None, ge=1, description="the clients' max_tokens for every request (outputs "
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                   description="the clients' max_tokens for every request (outputs "
                                    "longer are cut to it); null: max_model_len - prompt for synthetic lengths, "
                                    "output_tokens for traces and written-out requests")
     trace: TraceSource | None = Field(None, description="replay a trace file; null: synthetic")
@@ -401,6 +427,7 @@ class PolicyEntry(BaseModel):
             problem = _knob_type_problem(knobs[key], value)
             if problem:
                 raise KeyedError(key, problem)
+        _check_knob_values(cls, self.__pydantic_extra__ or {})
         if self.label is None:
             self.label = self.name
         return self
@@ -408,6 +435,27 @@ class PolicyEntry(BaseModel):
     def knobs(self) -> dict[str, Any]:
         """The knobs this entry sets (the policy supplies its defaults for the rest)."""
         return dict(self.__pydantic_extra__ or {})
+
+
+def _check_knob_values(cls, knobs: dict[str, Any]) -> None:
+    """Knob *values* (chunk_size >= 1, preemption in {recompute, swap}, ...) are checked by the
+    policy's own constructor; build one on default limits now, so a bad value is a scenario
+    error naming the key rather than a crash when the run starts."""
+    from policies.base import EngineLimits
+
+    try:
+        cls(EngineLimits(), **knobs)
+    except (ValueError, TypeError) as exc:
+        text = str(exc)
+        key = next((k for k in knobs if k in text), next(iter(knobs), "name"))
+        value = knobs.get(key)
+        hint = nearest(str(value), _knob_choices(text)) if isinstance(value, str) else ""
+        raise KeyedError(key, f"{text}{hint}") from None
+
+
+def _knob_choices(text: str) -> list[str]:
+    """The quoted choices in a policy's error message ("must be one of ['a', 'b']")."""
+    return re.findall(r"'([^']+)'", text.partition("got")[0])
 
 
 def _knob_type_problem(knob, value) -> str | None:
@@ -449,7 +497,7 @@ class Replicas(BaseModel):
 
     model_config = _cfg()
 
-    count: int = Field(1, ge=1, description="engine replicas, each on hardware.count GPUs")
+    count: int = Field(1, ge=1, le=MAX_REPLICAS, description="engine replicas, each on hardware.count GPUs")
     router: Literal["round-robin", "least-outstanding", "least-kv", "prefix-affinity"] = Field(
         "round-robin", description="how arrivals are spread over replicas")
 
@@ -464,7 +512,7 @@ class Scenario(BaseModel):
     model_config = _cfg()
 
     name: str = Field("scenario", min_length=1, description="names the results folder and plot titles")
-    seed: int = Field(0, ge=0, description="seeds the synthetic workload (same seed, same requests)")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seeds the synthetic workload (same seed, same requests)")
     model: str | ModelSpecConfig = Field(
         "llama-3-8b", description="model id (llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, qwen2.5-7b, "
                                   "tiny) or an inline spec")
@@ -477,13 +525,26 @@ class Scenario(BaseModel):
                                                     "[{name: vllm-v1}]")
     slo: Slo = Field(default_factory=Slo, description="latency objectives (goodput, meets-SLO)")
     horizon_s: float | None = Field(None, gt=0, description="stop simulated time here (requests still "
-                                                            "running are unfinished); null: run until "
-                                                            "every request ended")
+                                                            "queued or running are unfinished, reported "
+                                                            "as the summary's backlog); null: run until "
+                                                            "every request ended, but at most until the "
+                                                            "last arrival + max(3600 s, arrival span)")
     replicas: Replicas = Field(default_factory=Replicas, description="engine copies and the router")
     cost_per_gpu_hour: float | None = Field(None, ge=0, description="price of one GPU-hour, for cost "
                                                                     "per request; null: no cost figures")
 
     _source: str | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, name: str) -> str:
+        # the name becomes results/<name>/: one folder, not a path, never "." or ".."
+        bad = next((c for c in ("/", "\\", "\x00") if c in name), None)
+        if bad is not None or name.strip(".") == "" or name != name.strip():
+            shown = {"/": "'/'", "\\": "a backslash", "\x00": "a NUL character"}.get(bad, "")
+            raise ValueError(f"must be a plain folder name (it names results/<name>/), got {name!r}"
+                             + (f": it contains {shown}" if shown else ""))
+        return name
 
     @model_validator(mode="before")
     @classmethod
@@ -616,6 +677,10 @@ def read_yaml(path: str | Path) -> dict:
         data = yaml.load(text, Loader=StrictLoader)
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not a text (UTF-8) file") from None
+    except OSError as exc:  # unreadable: permissions, a broken link, an I/O error
+        raise ScenarioError(f"cannot read scenario file {path}: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: nested too deeply to read (thousands of levels of [ or {{)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

@@ -81,7 +81,10 @@ def weighted_mean(values: pd.Series, weights: pd.Series) -> float | None:
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
               token_budget: int | None, kv_blocks_total: int, peak_flops: float,
-              hbm_bandwidth: float, slo=None, num_replicas: int = 1) -> dict:
+              hbm_bandwidth: float, slo=None, num_replicas: int = 1, itl: dict | None = None) -> dict:
+    """``itl``: the ITL figures (``{"mean", "p50", "p90", "p99"}``) computed elsewhere: the
+    runner passes ``sim.metrics.Recorder.itl_stats()`` (exact, from runs of token times; the only
+    source when a large run keeps no ``token_times_s``); None computes them from ``token_times_s``."""
     finished = requests[requests["state"] == "finished"]
     n_fin = len(finished)
     if n_fin:
@@ -91,11 +94,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
     throughput = n_fin / span if span > 0 else 0.0
     out_tokens = int(finished["generated"].sum()) if n_fin else 0
     good = int(meets_slo_mask(requests, slo).sum())
-    itl = []
-    for times in finished["token_times_s"]:
-        if len(times) > 1:
-            itl.append(np.diff(np.asarray(times, dtype=float)))
-    itl_all = np.concatenate(itl) if itl else np.array([])
+    if itl is None:
+        gaps = []
+        for times in finished["token_times_s"]:
+            if len(times) > 1:
+                gaps.append(np.diff(np.asarray(times, dtype=float)))
+        itl = stats(np.concatenate(gaps) if gaps else np.array([]))
 
     dur = steps["duration_s"]
     util = {"slots": None, "token_budget": None, "kv": None, "mfu": None, "mbu": None}
@@ -126,7 +130,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         "slo_met": run_meets_slo(requests, slo),
         "ttft_s": stats(requests["ttft_s"]),
         "tpot_s": stats(finished["tpot_s"]),
-        "itl_s": stats(itl_all),
+        "itl_s": itl,
         "e2e_s": stats(finished["e2e_s"]),
         "utilization": util,
         "kv_waste": kv_waste,

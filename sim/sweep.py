@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
@@ -298,8 +297,8 @@ class SweepResult:
 
 
 def _write_atomic(df: pd.DataFrame, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    """Write beside the target, then rename over it: readers see the old file or the new one."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
         df.to_parquet(tmp, index=False)
         os.replace(tmp, path)
@@ -450,7 +449,9 @@ def plot_latency_vs_load(table: pd.DataFrame, slo=None, capacity: dict[str, floa
             bound = getattr(slo, metric, None) if slo is not None else None
             if bound is not None:
                 pct = getattr(slo, "percentile", 99)
-                a.axhline(bound * 1e3, color="crimson", lw=1.3, label=f"SLO: p{pct:g} {name} ≤ {bound * 1e3:g} ms")
+                line = a.axhline(bound * 1e3, color="crimson", lw=1.3, label=f"SLO: p{pct:g} {name} ≤ {bound * 1e3:g} ms")
+                if a is axes[0]:  # the policies' legend is on the right; name this panel's bound here
+                    a.legend(handles=[line], loc="upper left")
             a.set_yscale("log")
             a.set_xlabel("arrival rate (requests/s)")
             a.set_ylabel(f"{name} (ms, log scale)")

@@ -31,7 +31,7 @@ import csv
 import json
 import math
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -124,8 +124,11 @@ def load_trace(path: str | Path, format: str | None = None) -> Trace:
 
 def detect_format(path: Path) -> str:
     """``mooncake`` for JSON lines, ``azure`` for a CSV with a TIMESTAMP column, else ``csv``."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        first = f.readline().strip()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.readline(4096).strip().removeprefix("\ufeff")
+    except OSError as exc:
+        raise TraceError(f"cannot read trace file {path}: {exc.strerror or exc}") from None
     if not first:
         raise TraceError(f"{path}: the trace is empty (line 1 is blank); expected a header or a JSON object")
     if first.startswith("{"):
@@ -136,7 +139,14 @@ def detect_format(path: Path) -> str:
 @lru_cache(maxsize=16)
 def _load_cached(resolved: str, size: int, mtime_ns: int, fmt: str, shown: str) -> Trace:
     reader = {"azure": _read_azure, "mooncake": _read_mooncake, "csv": _read_csv}[fmt]
-    cols = reader(shown)
+    try:
+        cols = reader(shown)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{shown}: not a UTF-8 text file (undecodable byte at offset {exc.start}); "
+                         f"expected a {fmt} trace") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read trace file {shown}: {exc.strerror or exc}") from None
+
     if not cols["arrival_s"]:
         raise TraceError(f"{shown}: the trace has no requests")
     arrival = np.asarray(cols["arrival_s"], dtype=np.float64)
@@ -154,13 +164,36 @@ def _load_cached(resolved: str, size: int, mtime_ns: int, fmt: str, shown: str) 
 
 
 # --- the three formats -------------------------------------------------------------------------
+MAX_TOKENS = 10**9  # a prompt or output longer than this is a corrupt row, not a request
+
+
+def _rows(path: str, reader):
+    """(line number, row) of a csv reader; a row the csv module cannot parse (a NUL byte, a
+    field over its size limit) is a TraceError naming the line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise TraceError(f"{path}:{reader.line_num}: not readable as CSV ({exc})") from None
+        yield reader.line_num, row
+
+
 def _header(path: str, reader, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, int]:
     try:
         header = next(reader)
+    except csv.Error as exc:
+        raise TraceError(f"{path}:1: not readable as CSV ({exc})") from None
     except StopIteration:
         raise TraceError(f"{path}: the trace is empty; expected a header line "
                          f"{','.join(required)}") from None
     names = [h.strip() for h in header]
+    if names:
+        names[0] = names[0].removeprefix("\ufeff")  # a byte-order mark written by spreadsheet tools
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise TraceError(f"{path}:1: column {dup!r} appears twice in the header")
     missing = [c for c in required if c not in names]
     if missing:
         raise TraceError(f"{path}:1: expected a header with columns {','.join(required)}, "
@@ -177,29 +210,31 @@ def _int(path: str, line: int, column: str, text: str, minimum: int | None = 1) 
     try:
         value = int(text)
     except (TypeError, ValueError):
-        raise TraceError(f"{path}:{line}: expected {column} to be {what}, got {text!r}") from None
+        raise TraceError(f"{path}:{line}: expected {column} to be {what}, got {_short(text)}") from None
     if minimum is not None and value < minimum:
         raise TraceError(f"{path}:{line}: expected {column} to be an integer >= {minimum}, got {value}")
+    if abs(value) > MAX_TOKENS:
+        raise TraceError(f"{path}:{line}: {column} {value} is implausibly large (more than {MAX_TOKENS:,}); "
+                         f"is the column right?")
     return value
 
 
 def _row(path: str, line: int, row: list[str], width: int) -> list[str]:
     if len(row) != width:
         raise TraceError(f"{path}:{line}: expected {width} comma-separated fields, got {len(row)}: "
-                         f"{','.join(row)!r}")
+                         f"{_short(','.join(row))}")
     return row
 
 
 def _read_azure(path: str) -> dict:
     arrival, prompt, output = [], [], []
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         cols = _header(path, reader, AZURE_COLUMNS)
         it, ic, ig = (cols[c] for c in AZURE_COLUMNS)
         width = len(cols)
         first = None
-        for row in reader:
-            line = reader.line_num
+        for line, row in _rows(path, reader):
             if not row:
                 continue
             _row(path, line, row, width)
@@ -207,7 +242,9 @@ def _read_azure(path: str) -> dict:
                 stamp = datetime.fromisoformat(row[it])
             except ValueError:
                 raise TraceError(f"{path}:{line}: expected TIMESTAMP like '2023-11-16 18:15:46.6805900', "
-                                 f"got {row[it]!r}") from None
+                                 f"got {_short(row[it])}") from None
+            if stamp.tzinfo is not None:  # with an offset: compare in UTC (naive stamps are taken as UTC)
+                stamp = stamp.astimezone(UTC).replace(tzinfo=None)
             first = stamp if first is None else first
             arrival.append((stamp - first).total_seconds())
             prompt.append(_int(path, line, "ContextTokens", row[ic]))
@@ -221,7 +258,7 @@ def _read_azure(path: str) -> dict:
 
 def _read_mooncake(path: str) -> dict:
     arrival, prompt, output, runs = [], [], [], []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue
@@ -229,7 +266,10 @@ def _read_mooncake(path: str) -> dict:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise TraceError(f"{path}:{line}: expected one JSON object per line ({exc.msg} at "
-                                 f"column {exc.colno})") from None
+                                 f"column {exc.pos + 1})") from None
+            except (ValueError, RecursionError) as exc:  # a 5000-digit number, absurd nesting
+                raise TraceError(f"{path}:{line}: expected one JSON object per line "
+                                 f"({type(exc).__name__}: {str(exc)[:80]})") from None
             if not isinstance(obj, dict):
                 raise TraceError(f"{path}:{line}: expected a JSON object, got {type(obj).__name__}")
             missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
@@ -237,16 +277,22 @@ def _read_mooncake(path: str) -> dict:
                 raise TraceError(f"{path}:{line}: missing key(s) {', '.join(missing)}; expected "
                                  f"timestamp (ms), input_length, output_length, hash_ids")
             ts = obj["timestamp"]
-            if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
-                raise TraceError(f"{path}:{line}: expected timestamp to be milliseconds >= 0, got {ts!r}")
+            huge = isinstance(ts, int) and abs(ts) > 2**53  # past what a float holds: not a time in ms
+            if (huge or isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts)
+                    or ts < 0):
+                raise TraceError(f"{path}:{line}: expected timestamp to be milliseconds >= 0, got {_short(ts)}")
             n_in = _json_int(path, line, "input_length", obj["input_length"])
             n_out = _json_int(path, line, "output_length", obj["output_length"])
             ids = obj["hash_ids"]
             blocks = -(-n_in // MOONCAKE_BLOCK)
             if not isinstance(ids, list) or len(ids) != blocks:
-                got = f"{len(ids)} ids" if isinstance(ids, list) else repr(ids)
+                got = f"{len(ids)} ids" if isinstance(ids, list) else _short(ids)
                 raise TraceError(f"{path}:{line}: expected hash_ids to be a list of {blocks} ids (one per "
                                  f"{MOONCAKE_BLOCK}-token block of input_length {n_in}), got {got}")
+            bad = next((h for h in ids if isinstance(h, bool) or not isinstance(h, int | str)), None)
+            if bad is not None:
+                raise TraceError(f"{path}:{line}: expected hash_ids to hold integers (or strings), "
+                                 f"got {_short(bad)}")
             last = n_in - MOONCAKE_BLOCK * (blocks - 1)
             runs.append(tuple((("mc", h), MOONCAKE_BLOCK if j < blocks - 1 else last)
                               for j, h in enumerate(ids)))
@@ -259,18 +305,24 @@ def _read_mooncake(path: str) -> dict:
 
 def _json_int(path: str, line: int, key: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TraceError(f"{path}:{line}: expected {key} to be an integer >= 1, got {value!r}")
+        raise TraceError(f"{path}:{line}: expected {key} to be an integer >= 1, got {_short(value)}")
+    if value > MAX_TOKENS:
+        raise TraceError(f"{path}:{line}: {key} {value} is implausibly large (more than {MAX_TOKENS:,})")
     return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _read_csv(path: str) -> dict:
     arrival, prompt, output, max_tokens, priority = [], [], [], [], []
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         cols = _header(path, reader, CSV_COLUMNS, CSV_OPTIONAL)
         width = len(cols)
-        for row in reader:
-            line = reader.line_num
+        for line, row in _rows(path, reader):
             if not row:
                 continue
             _row(path, line, row, width)
@@ -280,7 +332,7 @@ def _read_csv(path: str) -> dict:
             except ValueError:
                 t = math.nan
             if not math.isfinite(t) or t < 0:
-                raise TraceError(f"{path}:{line}: expected arrival_s to be seconds >= 0, got {text!r}")
+                raise TraceError(f"{path}:{line}: expected arrival_s to be seconds >= 0, got {_short(text)}")
             p = _int(path, line, "prompt_tokens", row[cols["prompt_tokens"]])
             o = _int(path, line, "output_tokens", row[cols["output_tokens"]])
             m = o

@@ -120,7 +120,16 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         from sim.traces import load_trace
 
         window = tuple(w.trace.window_s) if w.trace.window_s is not None else None
-        trace = load_trace(scenario.resolve_path(w.trace.path), w.trace.format).select(window, w.trace.rate_scale)
+        path = scenario.resolve_path(w.trace.path)
+        if not path.exists():
+            from pathlib import Path
+
+            where = f"in {Path.cwd()}"
+            beside = Path(scenario.source).resolve().parent if scenario.source is not None else None
+            if beside is not None and beside != Path.cwd().resolve():
+                where += f" and beside the scenario, in {beside}"
+            raise ScenarioError(f"workload.trace.path: trace file {w.trace.path!r} does not exist (looked {where})")
+        trace = load_trace(path, w.trace.format).select(window, w.trace.rate_scale)
 
     replay = w.arrival.process == "trace"
     if replay:

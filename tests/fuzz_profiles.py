@@ -20,7 +20,7 @@ PROFILE = os.environ.get("CBSIM_FUZZ_PROFILE", "ci")
 if PROFILE not in ("ci", "deep"):
     raise RuntimeError(f"CBSIM_FUZZ_PROFILE must be 'ci' or 'deep', got {PROFILE!r}")
 
-DEEP_FACTOR = 25  # deep runs this many times more examples than ci
+DEEP_FACTOR = 10  # deep runs this many times more examples than ci
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from policies.base import EngineLimits, Request, Status, StepPlan, emit_tokens
+from policies.base import EngineLimits, Policy, Request, Status, StepPlan, emit_tokens
 from policies.reservation import ReservationPolicy
 from policies.static import StaticPolicy
 from policies.vllm_v0 import VllmV0Policy
@@ -59,6 +59,7 @@ class InvariantChecker:
         self.swap_lost_to_rejection = 0
         self.outputs_before: dict[str, int] = {}
         self.steps = 0
+        self.seen = Counter()  # what happened (preempted, swapped, rejected, prefix hit), for coverage
         self.caching = bool(getattr(policy, "knobs", {}).get("enable_prefix_caching", False))
 
     # --- bookkeeping -------------------------------------------------------------------------
@@ -75,6 +76,9 @@ class InvariantChecker:
         pol, lim = self.policy, self.limits
         self.check_blocks()
         seen = set()
+        self.seen["preempted"] += len(plan.preempted)
+        self.seen["swapped"] += len(plan.swapped_out)
+        self.seen["rejected"] += len(plan.rejected)
         for req in plan.rejected:
             if req.status is not Status.REJECTED or not req.reject_reason:
                 self._fail(f"{req.id} rejected without status/reason ({req.status}, {req.reject_reason!r})")
@@ -127,6 +131,7 @@ class InvariantChecker:
                 if not hit_ok:
                     self._fail(f"{req.id} resumes at context {ctx}, but {expected} tokens were computed "
                                f"since its last reset")
+                self.seen["prefix hit"] += 1
             self.computed[req.id] = ctx + n
             if self._slots_of(req) < ctx + n:
                 self._fail(f"{req.id} computes {ctx + n} tokens but holds KV slots for {self._slots_of(req)}")
@@ -320,7 +325,10 @@ def drive(policy, arrivals: list[tuple[int, Request, int]], limits: EngineLimits
 
 
 class Checked:
-    """A policy wrapped so that ``sim.engine`` drives it with every check on."""
+    """A policy wrapped so that ``sim.engine`` drives it with every check on, one step at a time
+    (the base class's ``decode_stretch``, which declines, turns the engine's fast-forward off)."""
+
+    decode_stretch = Policy.decode_stretch
 
     def __init__(self, policy, checker: InvariantChecker):
         self._policy = policy

@@ -19,7 +19,7 @@ import signal
 from contextlib import contextmanager
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from policies.base import EngineLimits, Request
@@ -91,7 +91,7 @@ def knobs_st(name: str):
 
 
 @st.composite
-def workload_st(draw, max_requests: int = 9):
+def workload_st(draw, max_requests: int = 14):
     """(arrival step, prompt, true output, max_tokens, priority, prefix group, prefix length) rows."""
     n = draw(st.integers(1, max_requests))
     prefix_len = draw(st.sampled_from([0, 8, 40]))
@@ -135,11 +135,14 @@ def make_requests(rows) -> list[tuple[int, Request, int]]:
 def _check_policy(name, limits, knobs, rows):
     policy = make_policy(name, limits, **knobs)
     with wall_clock_limit(WALL_LIMIT_S):
-        drive(policy, make_requests(rows), limits)
+        checker = drive(policy, make_requests(rows), limits)
+    for what, n in checker.seen.items():  # `--hypothesis-show-statistics` shows what was covered
+        if n:
+            event(what)
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
-@examples(ci=70)
+@examples(ci=250)
 @given(data=st.data())
 def test_property_policy_invariants_hold_on_random_workloads(name, data):
     limits = data.draw(limits_st(), label="limits")
@@ -149,7 +152,7 @@ def test_property_policy_invariants_hold_on_random_workloads(name, data):
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
-@examples(ci=25)
+@examples(ci=80)
 @given(data=st.data())
 def test_property_memory_pressure_forces_preemption_and_still_conserves(name, data):
     """A small pool and long outputs: preemption (or rejection) on nearly every example."""
@@ -205,22 +208,33 @@ def test_property_a_lone_request_filling_the_pool_exactly_ends(name):
 
 # --- through the engine ------------------------------------------------------------------------
 def _simulate_checked(name, limits, knobs, rows, step_s=0.01):
-    policy = make_policy(name, limits, **knobs)
+    """Through sim.engine step by step with every check on; then the same run with the engine's
+    fast-forward through pure-decode stretches (the default), which must give the same results."""
     reqs = make_requests(rows)
     true_out = {req.id: out for _, req, out in reqs}
-    checker = InvariantChecker(policy, limits, true_out)
     specs = [RequestSpec(req.id, req.arrival_s * step_s, req.prompt_tokens, out, req.max_tokens, req.priority,
                          req.prompt_runs) for step, req, out in reqs]
+    policy = make_policy(name, limits, **knobs)
+    checker = InvariantChecker(policy, limits, true_out)
     latency = ConstantLatency(step_s, FAKE_MODEL, FAKE_GPU, 1, limits.block_size)
-    sim = Simulation(specs, [(Checked(policy, checker), latency)], limits.max_model_len)
     with wall_clock_limit(WALL_LIMIT_S):
-        frame = sim.run().requests_frame()
+        frame = Simulation(specs, [(Checked(policy, checker), latency)], limits.max_model_len,
+                           fast_forward=False).run().requests_frame()
+        fast = make_policy(name, limits, **knobs)
+        fast_checker = InvariantChecker(fast, limits, true_out)
+        submit = fast.add_request
+        fast.add_request = lambda req: (fast_checker.add(req), submit(req))  # the instance only
+        fast_frame = Simulation(specs, [(fast, latency)], limits.max_model_len,
+                                fast_forward=True).run().requests_frame()
     checker.at_end()
+    fast_checker.at_end()  # end state of the fast-forwarded run: all ended, every block free
+    cols = ["id", "state", "reason", "generated", "admitted_s", "first_token_s", "finish_s", "preemptions"]
+    assert frame[cols].equals(fast_frame[cols]), "fast-forward changed the results"
     return frame, checker
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
-@examples(ci=12)
+@examples(ci=30)
 @given(data=st.data())
 def test_property_engine_runs_keep_invariants_and_ttft_le_e2e(name, data):
     limits = data.draw(limits_st(), label="limits")
@@ -234,3 +248,17 @@ def test_property_engine_runs_keep_invariants_and_ttft_le_e2e(name, data):
     assert (fin["first_token_s"] >= fin["arrival_s"]).all()
     expected = [checker.expected_output(checker.requests[rid]) for rid in fin["id"]]
     assert fin["generated"].tolist() == expected
+
+
+def test_property_engine_schedules_again_after_an_empty_plan_that_freed_memory():
+    """Found by the property test: vllm-v0 preempts its only decode (it outgrew the prompt
+    limit) and rejects it in a step that schedules nothing, while another request waits. The
+    engine must schedule again at once (the memory is free now), not end the waiting request
+    as "stuck" or leave it waiting for an unrelated arrival."""
+    limits = EngineLimits(block_size=1, num_gpu_blocks=1, max_num_seqs=1, max_num_batched_tokens=1, max_model_len=3)
+    rows = [(0, 1, 2, 2, 0, 0, 0), (0, 1, 1, 1, 0, 0, 0), (50, 1, 1, 1, 0, 0, 0)]
+    frame, _ = _simulate_checked("vllm-v0", limits, {"watermark": 0.0}, rows, step_s=1.0)
+    by_id = frame.set_index("id")
+    assert by_id.loc["r000", "state"] == "rejected"
+    assert by_id.loc["r001", "state"] == "finished"
+    assert by_id.loc["r001", "finish_s"] < 50  # served right away, not after the next arrival

@@ -114,6 +114,16 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Release blocks in the given order (a request's blocks tail first, as vLLM passes them)."""
         ref = self.ref_cnt
+        if not self.enable_caching:
+            # no block is hashed or shared: every block held once goes to the front
+            blocks = list(ordered_blocks)
+            if blocks and max(map(ref.__getitem__, blocks)) == 1:
+                for b in blocks:
+                    ref[b] = 0
+                blocks.reverse()
+                self._front.extend(blocks)
+                return
+            ordered_blocks = blocks
         block_hash = self.block_hash
         to_front = []
         for b in ordered_blocks:

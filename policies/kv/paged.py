@@ -79,6 +79,10 @@ class PagedKVManager:
         st = self._reqs.get(req)
         return list(st.blocks) if st else []
 
+    def request_states(self) -> dict[Request, _ReqKV]:
+        """Every request's block table and cache progress (read-only for callers)."""
+        return self._reqs
+
     def _state(self, req: Request) -> _ReqKV:
         st = self._reqs.get(req)
         if st is None:

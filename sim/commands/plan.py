@@ -38,10 +38,10 @@ def plan_cmd(
     t = Table(title=f"{scn.name}: {target_rate:g} req/s on {scn.hardware.gpu} "
                     f"({scn.hardware.count} GPU(s) per replica, router {scn.replicas.router})",
               header_style="bold")
-    cols = ["policy", "replicas", "GPUs", "GPU-hours per hour"]
+    cols = ["policy", "replicas", "GPUs", "GPU-h per h"]
     if price is not None:
-        cols += ["cost per hour", "cost per 1M requests"]
-    cols += ["p99 TTFT (s)", "p99 TPOT (ms)", "runs"]
+        cols += ["cost per h", "cost per 1M req"]
+    cols += ["p99 TTFT s", "p99 TPOT ms", "runs"]
     for c in cols:
         t.add_column(c, justify="left" if c == "policy" else "right")
     for label, p in plans.items():

@@ -70,13 +70,29 @@ def _ended(s: dict) -> str:
 
 
 def backlog_notes(result) -> list[str]:
-    """One line per policy that left requests unfinished: how many, and why."""
+    """One line per policy that rejected requests (how many, and the first one's reason; every
+    reason is in requests.parquet) and one per policy that left requests unfinished (how many,
+    where they were, and why)."""
     notes = []
     for label in result.labels:
         s = result.summaries[label]
+        if s["requests_rejected"]:
+            reqs = result.requests
+            first = reqs[(reqs["policy"] == label) & (reqs["state"] == "rejected")].iloc[0]
+            more = f" (and {s['requests_rejected'] - 1} more; see requests.parquet)" if s["requests_rejected"] > 1 else ""
+            notes.append(f"{label}: {s['requests_rejected']} requests rejected: {first['id']}: "
+                         f"{first['reason']}{more}")
         if s["requests_unfinished"]:
-            why = "; ".join(f"{reason} ({n})" for reason, n in s.get("unfinished_reasons", {}).items())
-            notes.append(f"{label}: {s['requests_unfinished']} requests unfinished: {why}")
+            counts = s.get("unfinished_reasons", {})
+            end = s.get("end_s")
+            words = {"horizon": f"horizon_s ({_fmt(end)} s) reached" if end is not None else "horizon reached",
+                     "time_cap": f"default time cap ({_fmt(end)} s) reached" if end is not None else "time cap",
+                     "stuck": "stuck: the policy could not schedule them"}
+            why = "; ".join(f"{n} {words.get(k, k)}" for k, n in counts.items() if n)
+            b = s.get("backlog", {})
+            left = (f" (queued {b['queued']}, running {b['running']}, not arrived {b['not_arrived']})"
+                    if b else "")
+            notes.append(f"{label}: {s['requests_unfinished']} requests unfinished{left}: {why}")
     if any(result.summaries[label].get("stopped") == "time cap" for label in result.labels):
         from sim.runner import CAP_HINT
 
@@ -119,11 +135,14 @@ def run_cmd(
         console.print(f"[bold]KV cache[/]: {gpu_blocks} GPU blocks of {scn.engine.block_size} tokens, "
                       f"{cpu_blocks} CPU swap blocks", highlight=False)
         return
+    from sim.results import RunResult
+
+    target = RunResult.check_target(out or Path("results") / scn.name)  # refuse before a long run
     result = run(scn, policies=policy or None, progress=not quiet)
     console.print(comparison_table(result))
     for note in backlog_notes(result):
         console.print(f"[yellow]{note}[/]", highlight=False)
-    target = out or Path("results") / scn.name
     result.save(target, plots=not no_plots)
-    console.print(f"results: {target}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"
+    shown = out or Path("results") / scn.name
+    console.print(f"results: {shown}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"
                   f"{', plots' if not no_plots else ''})", highlight=False)

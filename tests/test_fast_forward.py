@@ -1,0 +1,442 @@
+"""Fast-forward through pure-decode stretches is exact: runs with it on and off agree bit for bit.
+
+For every policy and a range of workloads (prefix caching with shared prompts, preemption
+pressure, priority scheduling, a waiting queue held back by max_num_seqs, arrivals that tie with
+step ends, max_model_len cut-offs, several replicas, a horizon) the same simulation runs with
+fast-forward on and off: the steps frames must be identical, every request's row and token times
+identical, and the summaries equal. The policy hook itself (``advance_decodes``) is checked
+against single steps on the complete scheduler state (block tables, free queue, prefix-cache
+registry and hash ids), and the engine's numeric building blocks (landing time, cumulative
+sums, decode step shapes, ITL order statistics) each against their step-by-step definition.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from policies.base import EngineLimits, Request, StepPlan, emit_tokens
+from policies.registry import POLICIES, make_policy
+from sim.engine import Simulation, fast_step_shape, landing_delay
+from sim.hardware import get_gpu
+from sim.latency.base import step_shape
+from sim.latency.constant import ConstantLatency
+from sim.latency.roofline import RooflineLatency
+from sim.metrics import weighted_stats
+from sim.models import get_model
+from sim.request_spec import RequestSpec
+from sim.summary import PERCENTILES, stats, summarize
+from tests.helpers import FAKE_GPU, FAKE_MODEL
+
+MODEL, GPU = get_model("llama-3-8b"), get_gpu("h200")
+
+
+def workload(seed: int, n: int = 120, rate: float = 40.0, max_prompt: int = 600, max_out: int = 120,
+             groups: int = 0, prefix_len: int = 0, extra_max_tokens: int = 0, arrival_grid: float = 0.0,
+             priorities: int = 0) -> list[RequestSpec]:
+    """Random requests; ``groups`` > 0 gives shared prompt prefixes (prefix-cache hits);
+    ``arrival_grid`` > 0 puts arrivals on a grid (ties with constant-latency step ends)."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        arrival = round(t / arrival_grid) * arrival_grid if arrival_grid else t
+        prompt = rng.randint(1, max_prompt)
+        runs = None
+        if groups:
+            shared = min(prefix_len, prompt)
+            runs = tuple(r for r in ((("group", rng.randrange(groups)), shared), (("own", i), prompt - shared))
+                         if r[1] > 0)
+        o = rng.randint(1, max_out)
+        out.append(RequestSpec(f"r{i:04d}", arrival, prompt, o, o + rng.randint(0, extra_max_tokens),
+                               rng.randrange(priorities) if priorities else 0, runs))
+    out.sort(key=lambda s: s.arrival_s)
+    return out
+
+
+def latency(kind: str, block_size: int):
+    if kind == "roofline":
+        return RooflineLatency(MODEL, GPU, 1, block_size)
+    if kind == "fake-roofline":
+        return RooflineLatency(FAKE_MODEL, FAKE_GPU, 1, block_size)
+    return ConstantLatency(0.25, FAKE_MODEL, FAKE_GPU, 1, block_size)
+
+
+def simulate(name, specs, limits, lat="roofline", replicas=1, horizon_s=None, fast_forward=True, router=None,
+             **knobs):
+    from sim.routing import make_router
+
+    pairs = [(make_policy(name, limits, **knobs), latency(lat, limits.block_size)) for _ in range(replicas)]
+    sim = Simulation(specs, pairs, limits.max_model_len, horizon_s=horizon_s, fast_forward=fast_forward,
+                     router=make_router(router) if router else None)
+    rec = sim.run()
+    requests, steps = rec.requests_frame(), rec.steps_frame()
+    pol = pairs[0][0]
+    summary = summarize(requests, steps, max_slots=pol.max_slots * replicas,
+                        token_budget=pol.token_budget * replicas if pol.token_budget else None,
+                        kv_blocks_total=pol.kv_blocks_total() * replicas, peak_flops=GPU.peak_flops,
+                        hbm_bandwidth=GPU.hbm_bandwidth)
+    stretched = sum(r.stretch_steps for r in sim.replicas)
+    return requests, steps, summary, stretched, rec
+
+
+def assert_same_run(a, b):
+    (ra, sa, suma, *_), (rb, sb, sumb, *_) = a, b
+    pd.testing.assert_frame_equal(sa, sb, check_exact=True)
+    pd.testing.assert_frame_equal(ra.drop(columns="token_times_s"), rb.drop(columns="token_times_s"),
+                                  check_exact=True)
+    for x, y in zip(ra["token_times_s"], rb["token_times_s"]):
+        assert np.array_equal(x, y)  # exact floats, not approximately
+    assert_summaries_close(suma, sumb)
+
+
+def assert_summaries_close(a, b, rel=1e-9):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_summaries_close(a[k], b[k], rel)
+        elif isinstance(a[k], float) and isinstance(b[k], float):
+            assert a[k] == pytest.approx(b[k], rel=rel, abs=0), k
+        else:
+            assert a[k] == b[k], k
+
+
+LIMITS = EngineLimits(block_size=16, num_gpu_blocks=4000, max_num_seqs=64, max_num_batched_tokens=2048,
+                      max_model_len=4096)
+TIGHT = EngineLimits(block_size=16, num_gpu_blocks=180, num_cpu_blocks=200, max_num_seqs=32,
+                     max_num_batched_tokens=512, max_model_len=1024)
+
+CASES = {
+    # name: (specs, limits, simulate kwargs)
+    "plain": (lambda: workload(1), LIMITS, {}),
+    "prefix-caching": (lambda: workload(2, groups=3, prefix_len=200), LIMITS, {"enable_prefix_caching": True}),
+    "prefix-caching-pressure": (lambda: workload(3, groups=2, prefix_len=120, max_prompt=300, max_out=200),
+                                TIGHT, {"enable_prefix_caching": True}),
+    "preemption-pressure": (lambda: workload(4, max_prompt=300, max_out=250), TIGHT, {}),
+    "priority": (lambda: workload(5, max_prompt=300, max_out=200, priorities=3), TIGHT,
+                 {"scheduling_policy": "priority"}),
+    "queue-held-by-max-num-seqs": (lambda: workload(6, n=150, rate=400.0, max_out=200),
+                                   EngineLimits(block_size=16, num_gpu_blocks=4000, max_num_seqs=8,
+                                                max_num_batched_tokens=2048, max_model_len=4096), {}),
+    "arrivals-tie-step-ends": (lambda: workload(7, rate=3.0, arrival_grid=0.25), LIMITS, {"lat": "constant"}),
+    "max-model-len-cut": (lambda: workload(8, max_prompt=200, max_out=400, extra_max_tokens=50),
+                          EngineLimits(block_size=16, num_gpu_blocks=4000, max_num_seqs=64,
+                                       max_num_batched_tokens=2048, max_model_len=256), {}),
+    "replicas": (lambda: workload(9, n=200, rate=80.0), LIMITS, {"replicas": 3}),
+    # routers that read the replicas' state when a request arrives
+    "replicas-least-kv": (lambda: workload(15, n=200, rate=60.0), TIGHT, {"replicas": 2, "router": "least-kv"}),
+    "replicas-least-outstanding": (lambda: workload(16, n=200, rate=60.0), LIMITS,
+                                   {"replicas": 3, "router": "least-outstanding"}),
+    "replicas-prefix-affinity": (lambda: workload(17, n=200, rate=60.0, groups=4, prefix_len=150), LIMITS,
+                                 {"replicas": 2, "router": "prefix-affinity", "enable_prefix_caching": True}),
+    "horizon": (lambda: workload(10, n=200, rate=80.0), LIMITS, {"horizon_s": 1.7}),
+    "horizon-on-a-step-end": (lambda: workload(14, rate=3.0, arrival_grid=0.25), LIMITS,
+                              {"lat": "constant", "horizon_s": 20.0}),
+    "fake-model-watermark": (lambda: workload(11), TIGHT, {"lat": "fake-roofline", "watermark": 0.05}),
+    "block-size-1": (lambda: workload(12, n=60, max_prompt=40, max_out=60),
+                     EngineLimits(block_size=1, num_gpu_blocks=900, max_num_seqs=16,
+                                  max_num_batched_tokens=256, max_model_len=512),
+                     {"enable_prefix_caching": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_vllm_v1_fast_forward_is_exact(case):
+    make_specs, limits, kw = CASES[case]
+    specs = make_specs()
+    on = simulate("vllm-v1", specs, limits, fast_forward=True, **kw)
+    off = simulate("vllm-v1", specs, limits, fast_forward=False, **kw)
+    assert on[3] > 0, "the workload never fast-forwarded: the comparison would prove nothing"
+    assert off[3] == 0
+    assert_same_run(on, off)
+    assert len(on[1]) > on[3]  # some steps were still taken one by one
+
+
+def test_the_cases_exercise_what_they_claim():
+    """Preemptions, prefix hits, queueing, cut-offs and the horizon really happen in the workloads."""
+    def run(case):
+        make_specs, limits, kw = CASES[case]
+        return simulate("vllm-v1", make_specs(), limits, **kw)
+
+    assert run("preemption-pressure")[0]["preemptions"].sum() > 0
+    assert run("prefix-caching-pressure")[0]["preemptions"].sum() > 0
+    requests, steps, *_ = run("queue-held-by-max-num-seqs")
+    assert ((steps["waiting"] > 0) & (steps["running"] == 8) & (steps["prefill_tokens"] == 0)).sum() > 10
+    requests, *_ = run("max-model-len-cut")
+    cut = requests[requests["generated"] < requests["output_tokens"]]
+    assert len(cut) and ((cut["prompt_tokens"] + cut["generated"]) == 256).all()
+    requests, *_ = run("horizon")
+    assert (requests["reason"] == "horizon reached").any()
+    requests, steps, *_ = run("horizon-on-a-step-end")
+    ends = steps["start_s"] + steps["duration_s"]
+    assert ends.max() == 19.75 and (requests["reason"] == "horizon reached").any()  # the step ending at 20 is cut
+    requests, steps, *_ = run("arrivals-tie-step-ends")
+    assert np.isin(requests["arrival_s"], steps["start_s"] + steps["duration_s"]).sum() > 10
+    _, steps, *_ = run("replicas")
+    assert steps["replica"].nunique() == 3
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_runs_the_same_with_fast_forward_on_and_off(name):
+    specs = workload(13, n=80, max_prompt=300, max_out=150)
+    limits = EngineLimits(block_size=16, num_gpu_blocks=400, num_cpu_blocks=200, max_num_seqs=16,
+                          max_num_batched_tokens=512, max_model_len=1024)
+    on = simulate(name, specs, limits, fast_forward=True)
+    off = simulate(name, specs, limits, fast_forward=False)
+    assert_same_run(on, off)
+
+
+def test_environment_variable_turns_fast_forward_off(monkeypatch):
+    specs = workload(1, n=40)
+    monkeypatch.setenv("CBSIM_NO_FAST_FORWARD", "1")
+    pol = make_policy("vllm-v1", LIMITS)
+    sim = Simulation(specs, [(pol, latency("roofline", 16))], LIMITS.max_model_len)
+    sim.run()
+    assert not sim.fast_forward and sim.replicas[0].stretch_steps == 0
+    monkeypatch.delenv("CBSIM_NO_FAST_FORWARD")
+    sim = Simulation(specs, [(make_policy("vllm-v1", LIMITS), latency("roofline", 16))], LIMITS.max_model_len)
+    sim.run()
+    assert sim.replicas[0].stretch_steps > 0
+
+
+# --- the policy hook against single steps, on the whole scheduler state ------------------------
+
+def policy_state(policy) -> tuple:
+    kv, pool = policy.kv, policy.kv.pool
+    reqs = sorted(kv.request_states().items(), key=lambda kv_: kv_[0].id)
+    return (
+        [(r.id, r.num_computed_tokens, r.num_output_tokens, r.status, list(st.blocks), st.num_cached_blocks,
+          list(st.hashes.hashes) if st.hashes else None) for r, st in reqs],
+        [r.id for r in policy.running], [r.id for r in policy.waiting_requests()],
+        pool.free_queue(), list(pool.ref_cnt), list(pool.block_hash),
+        {h: list(c) for h, c in sorted(pool._cached.items())},
+        dict(kv.hasher._ids) if kv.hasher else None,
+        kv.held_token_slots, policy.kv_tokens_reserved_and_used(), policy.kv_blocks_used(),
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_advance_decodes_equals_single_steps(seed):
+    rng = random.Random(seed)
+    caching = seed % 3 != 0
+    limits = EngineLimits(block_size=rng.choice([1, 4, 16]), num_gpu_blocks=rng.randint(60, 400),
+                          max_num_seqs=rng.randint(2, 12), max_num_batched_tokens=rng.choice([64, 256]),
+                          max_model_len=rng.choice([128, 512]))
+    policy = make_policy("vllm-v1", limits, enable_prefix_caching=caching)
+    prompts = [(("shared",), rng.randint(1, 40))]
+    for i in range(rng.randint(2, 14)):
+        n = rng.randint(1, 60)
+        runs = ((prompts[0][0], min(n, prompts[0][1])),) + (((("own", i), n - prompts[0][1]),)
+                                                          if n > prompts[0][1] else ())
+        policy.add_request(Request(f"q{i}", 0.0, n, 10**6, prompt_runs=runs, output_key=("out", i % 3), seq=i))
+    checked = 0
+    for _ in range(300):
+        if not policy.has_work():
+            break
+        got = policy.decode_stretch()
+        if got is not None:
+            batch, ctx = got
+            assert ctx == sum(r.num_computed_tokens for r in batch)
+            assert all(r.num_computed_tokens == r.num_tokens - 1 for r in batch)
+            k_room = min(limits.max_model_len - r.num_tokens for r in batch) - 1
+            k = policy.decode_stretch_limit(batch, max(k_room, 0))
+            if k >= 1:
+                twin = copy.deepcopy(policy)
+                expected = ([], [], [])
+                for _ in range(k):
+                    plan = twin.schedule()
+                    assert plan.num_new_tokens == [1] * len(batch) and not plan.preempted and not plan.admitted
+                    assert len(emit_tokens(plan)) == len(batch)
+                    twin.finish_step(plan, [])
+                    reserved, used = twin.kv_tokens_reserved_and_used()
+                    for lst, v in zip(expected, (twin.kv_blocks_used(), reserved, used)):
+                        lst.append(v)
+                got_stats = policy.advance_decodes(list(batch), k)
+                assert tuple(map(list, got_stats)) == expected
+                assert policy_state(policy) == policy_state(twin)
+                checked += 1
+                if k < k_room:  # the limit is tight: one more step would not fit the free blocks
+                    assert policy.kv.decode_blocks_needed(batch, 1) > policy.num_free_blocks or \
+                        policy.decode_stretch_limit(batch, 1) == 0
+        plan = policy.schedule()
+        finished = [r for r in emit_tokens(plan) if r.num_tokens >= limits.max_model_len
+                    or rng.random() < 0.02]
+        policy.finish_step(plan, finished)
+    assert checked > 0
+
+
+def test_decode_stretch_stops_where_the_free_blocks_end():
+    limits = EngineLimits(block_size=4, num_gpu_blocks=12, max_num_seqs=4, max_num_batched_tokens=64,
+                          max_model_len=512)
+    policy = make_policy("vllm-v1", limits)
+    reqs = [Request(f"a{i}", 0.0, 4, 1000, seq=i) for i in range(3)]
+    for r in reqs:
+        policy.add_request(r)
+    plan = policy.schedule()  # three prompts of one full block each: 3 blocks used, 9 free
+    policy.finish_step(plan, [])
+    emit_tokens(plan)
+    batch, ctx = policy.decode_stretch()
+    assert ctx == 12 and policy.num_free_blocks == 9
+    # each request takes a block at steps 1, 5, 9, 13 (positions 4, 8, 12, 16): 9 blocks last 12 steps
+    assert policy.decode_stretch_limit(batch, 100) == 12
+    assert policy.kv.decode_blocks_needed(batch, 13) == 12 > 9 == policy.kv.decode_blocks_needed(batch, 12)
+
+
+def test_no_stretch_while_a_prompt_is_mid_prefill_or_a_request_waits_for_room():
+    limits = EngineLimits(block_size=16, num_gpu_blocks=100, max_num_seqs=2, max_num_batched_tokens=32,
+                          max_model_len=512)
+    policy = make_policy("vllm-v1", limits)
+    policy.add_request(Request("long", 0.0, 100, 50, seq=0))
+    plan = policy.schedule()
+    emit_tokens(plan)
+    policy.finish_step(plan, [])
+    assert policy.decode_stretch() is None  # 32 of 100 prompt tokens computed
+    while policy.running[0].num_output_tokens == 0:
+        plan = policy.schedule()
+        emit_tokens(plan)
+        policy.finish_step(plan, [])
+    assert policy.decode_stretch() is not None
+    policy.add_request(Request("new", 0.0, 10, 5, seq=1))  # would be admitted next step
+    assert policy.decode_stretch() is None
+
+
+# --- the engine's building blocks ---------------------------------------------------------------
+
+def test_landing_delay_lands_exactly_or_says_it_cannot():
+    rng = random.Random(0)
+    impossible = 0
+    for _ in range(20000):
+        now = rng.uniform(0, 50) * 10 ** rng.randint(-3, 3)
+        target = now + rng.uniform(0, 3) * 10 ** rng.randint(-3, 4)
+        d = landing_delay(now, target)
+        if d is None:
+            impossible += 1
+            e = target - now  # no float delay near the difference lands there
+            for _ in range(64):
+                assert now + e != target
+                e = math.nextafter(e, math.inf)
+        else:
+            assert d >= 0 and now + d == target
+    assert landing_delay(0, 0.125) == 0.125
+    assert impossible < 2000
+
+
+def test_cumsum_adds_step_times_one_after_another_as_simpy_does():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        now = float(rng.uniform(0, 1e4))
+        dts = rng.uniform(1e-4, 0.2, size=int(rng.integers(1, 500)))
+        times = np.cumsum(np.concatenate(([now], dts)))
+        t = now
+        for i, dt in enumerate(dts, 1):
+            t = t + float(dt)
+            assert times[i] == t
+
+
+def test_decode_pricer_equals_the_models_own_price_step_by_step():
+    from sim.engine import DecodePricer
+
+    rng = random.Random(3)
+    for lat in (latency("roofline", 16), latency("constant", 16), latency("fake-roofline", 16)):
+        pricer = DecodePricer(lat)
+        for _ in range(20):
+            ctxs = [rng.randint(1, 5000) for _ in range(rng.randint(1, 256))]
+            batch = [Request(str(i), 0.0, c, 10**6) for i, c in enumerate(ctxs)]
+            for r, c in zip(batch, ctxs):
+                r.num_computed_tokens = c
+            k = rng.randint(1, 300)
+            dts, flops, bytes_ = pricer.price(batch, sum(ctxs), k)
+            for j in sorted({0, k - 1, rng.randrange(k)}):
+                plan = StepPlan(scheduled=batch, num_new_tokens=[1] * len(batch), context=[c + j for c in ctxs])
+                dt, f, by = lat.price(step_shape(plan), plan)
+                assert (dts[j], flops[j], bytes_[j]) == (dt, f, by)
+                assert type(by) is int or bytes_.dtype.kind == "f"
+        assert pricer.kind is not None  # never fell back
+
+
+def test_fast_step_shape_equals_step_shape():
+    rng = random.Random(4)
+    for _ in range(500):
+        b = rng.randint(1, 20)
+        decode = rng.random() < 0.5
+        plan = StepPlan()
+        for i in range(b):
+            n = 1 if decode else rng.choice([0, 1, 1, rng.randint(1, 300)])
+            plan.add(Request(str(i), 0.0, 10, 10), n, rng.randint(0 if not decode else 1, 900))
+        if rng.random() < 0.1:
+            plan.padding_tokens, plan.padding_context = rng.randint(0, 5), rng.randint(0, 50)
+        assert fast_step_shape(plan) == step_shape(plan)
+
+
+def test_weighted_order_statistics_equal_numpy_percentile():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        distinct = rng.uniform(0, 1, size=int(rng.integers(1, 40)))
+        if rng.random() < 0.3:
+            distinct = np.round(distinct, 2)  # repeated values
+        weights = rng.integers(1, 6, size=len(distinct))
+        full = np.repeat(distinct, weights)
+        got = weighted_stats(distinct, weights, PERCENTILES)
+        want = stats(full)
+        for p in PERCENTILES:
+            assert got[f"p{p}"] == want[f"p{p}"]
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-12)
+    empty = weighted_stats(np.zeros(0), np.zeros(0, dtype=np.int64), PERCENTILES)
+    assert empty == {"mean": None, "p50": None, "p90": None, "p99": None}
+
+
+# --- token times kept as runs of steps -----------------------------------------------------------
+
+def test_itl_from_runs_equals_itl_from_every_token_time():
+    specs = workload(4, max_prompt=300, max_out=250)
+    requests, steps, summary, _, rec = simulate("vllm-v1", specs, TIGHT)
+    assert requests["preemptions"].sum() > 0  # runs broken by recompute preemptions
+    assert any(r.runs for r in rec.records)
+    from_runs = rec.itl_stats()
+    assert {k: from_runs[k] for k in ("p50", "p90", "p99")} == {k: summary["itl_s"][k] for k in ("p50", "p90", "p99")}
+    assert from_runs["mean"] == pytest.approx(summary["itl_s"]["mean"], rel=1e-12)
+    for i, r in enumerate(rec.records):
+        assert np.array_equal(np.asarray(r.token_times), requests["token_times_s"][i])
+        assert np.array_equal(rec.token_times(i), requests["token_times_s"][i])
+        assert len(r.token_times) == r.generated
+
+
+def test_large_runs_leave_token_times_out_of_memory_and_keep_the_summary(monkeypatch, repo):
+    from sim.runner import run
+
+    overrides = ["workload.num_requests=150", "policies=[{name: vllm-v1}]"]
+    full = run(repo / "scenarios" / "quickstart.yaml", overrides)
+    monkeypatch.setenv("CBSIM_TOKEN_TIMES_LIMIT", "1000")
+    lean = run(repo / "scenarios" / "quickstart.yaml", overrides)
+    assert "token_times_s" in full.requests and "token_times_s" not in lean.requests
+    pd.testing.assert_frame_equal(full.requests.drop(columns="token_times_s"), lean.requests, check_exact=True)
+    pd.testing.assert_frame_equal(full.steps, lean.steps, check_exact=True)
+    assert_summaries_close(full.summaries["vllm-v1"], lean.summaries["vllm-v1"], rel=1e-12)
+
+
+def test_steps_of_several_replicas_are_in_the_order_they_ended():
+    specs = workload(9, n=200, rate=20.0, arrival_grid=0.25)
+    _, steps, *_ = simulate("vllm-v1", specs, LIMITS, lat="constant", replicas=3)
+    ends = (steps["start_s"] + steps["duration_s"]).to_numpy()
+    assert (np.diff(ends) >= 0).all()
+    ties = np.flatnonzero(np.diff(ends) == 0)
+    assert len(ties) and (np.diff(steps["replica"].to_numpy())[ties] > 0).all()  # constant steps tie
+    assert (steps["step"] == np.arange(len(steps))).all()
+
+
+def test_runs_are_byte_identical_run_to_run(tmp_path):
+    specs = workload(2, groups=3, prefix_len=200)
+    paths = []
+    for i in range(2):
+        requests, steps, summary, *_ = simulate("vllm-v1", specs, LIMITS, replicas=2, enable_prefix_caching=True)
+        requests.to_parquet(tmp_path / f"r{i}.parquet")
+        steps.to_parquet(tmp_path / f"s{i}.parquet")
+        paths.append((tmp_path / f"r{i}.parquet", tmp_path / f"s{i}.parquet"))
+    for a, b in zip(*paths):
+        assert a.read_bytes() == b.read_bytes()

@@ -29,9 +29,16 @@ context from its row's two longest measured points (scaled from the previous row
 fewer), and listed in ``metadata.fit.extrapolated``. Along the context, each row is made
 non-decreasing by isotonic regression (more context never costs less; a dip is noise).
 
-Timing: GPU, CUDA events around each run, after ``warmup`` runs (which also compile the Triton
-kernels), median of ``repeats``; CPU, ``time.perf_counter``, same warm-up and median. Slow points
-get fewer repeats (at least 3) so that no point takes more than ``max_point_s``.
+Timing: every measurement, grid point or held-out batch, is a *job*; the sweep times all jobs in
+rounds, each round in a fresh random order, one timed run per job per round, and a point's value
+is its median over the rounds (:meth:`Profiler.sweep` says why rounds). GPU: CUDA events around
+each run; CPU: the calling thread's CPU time when torch runs one thread (:class:`Timer`), else
+``time.perf_counter``. The first round runs each job ``warmup`` times untimed first (Triton
+compilation, allocator pools); on a CPU each later visit also runs the batch once untimed first
+(an engine's consecutive steps find weights and K/V in the caches). Slow jobs stop after three
+rounds, and ``time_budget_s`` caps the rounds of all (the device run's budget). Batches are laid
+out as the engine lays them out: explicit token ids, block tables from a pool that hands blocks
+out in order and takes them back last-in first-out.
 
 Held-out error: ``heldout`` random *mixed* batches (one or two prefill chunks plus decodes of
 unequal contexts, seeded), none on the grid, are measured whole and priced through

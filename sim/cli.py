@@ -25,6 +25,7 @@ INTERRUPTED_MESSAGE = "interrupted: stopped by Ctrl-C; nothing half-written was 
 
 def main() -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     from sim import commands  # noqa: F401  (registers every command on `app`)
     from sim.errors import CbsimError
@@ -37,7 +38,7 @@ def main() -> None:
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except CbsimError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print(INTERRUPTED_MESSAGE, highlight=False)

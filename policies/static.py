@@ -25,7 +25,8 @@ class StaticPolicy(ReservationPolicy):
 
     def __init__(self, limits, **knobs) -> None:
         super().__init__(limits, **knobs)
-        self.batch_size = self.knobs["batch_size"] or limits.max_num_seqs
+        size = self.knobs["batch_size"]
+        self.batch_size = limits.max_num_seqs if size is None else size
         if self.batch_size < 1:
             raise ValueError("static batch_size must be at least 1")
         self.batch: list[Request] = []  # every member of the current batch, finished or not

@@ -57,6 +57,8 @@ def parse_value(text: str) -> Any:
         raise ScenarioError(f"--set value {text!r} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
     except RecursionError:
         raise ScenarioError(f"--set value {text[:40]!r}...: nested too deeply to read") from None
+    except ValueError as exc:  # a 5000-digit integer
+        raise ScenarioError(f"--set value {text[:40]!r}: unreadable: {str(exc).split(';')[0]}") from None
 
 
 def split_override(item: str) -> tuple[list[str], Any]:

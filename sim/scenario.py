@@ -681,6 +681,8 @@ def read_yaml(path: str | Path) -> dict:
         raise ScenarioError(f"cannot read scenario file {path}: {exc.strerror or exc}") from None
     except RecursionError:
         raise ScenarioError(f"{path}: nested too deeply to read (thousands of levels of [ or {{)") from None
+    except ValueError as exc:  # a value YAML parses but Python cannot hold: a 5000-digit integer
+        raise ScenarioError(f"{path}: unreadable value: {str(exc).split(';')[0]}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

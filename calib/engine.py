@@ -25,9 +25,10 @@ tokens are the model's own greedy choices, fed back; a recomputed request prefil
 its generated tokens again. Static batching's padding runs for real: its dummy tokens are
 sequences whose block tables are all null block.
 
-Records are :mod:`sim.metrics`' own (``Recorder``), filled the way :class:`sim.engine.Replica`
-fills them, so ``requests_frame()``, ``steps_frame()`` and :func:`sim.summary.summarize` apply
-unchanged and the two runs are compared column for column.
+Records are :mod:`sim.metrics`' own (``Recorder``), filled through the same functions
+:class:`sim.engine.Replica` uses (``RequestRecord.open``, ``emit_step_tokens``,
+``ReplicaSteps.append``), so ``requests_frame()``, ``steps_frame()`` and
+:func:`sim.summary.summarize` apply unchanged and the two runs are compared column for column.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from typing import Any
 
 from calib.paged import cdiv
 from calib.step import BlockAllocator, SeqInput
-from policies.base import Policy, Request, Status, StepPlan
+from policies.base import Policy, Request, StepPlan
 from policies.kv.paged import PagedKVManager
 from sim.latency.base import LatencyModel, step_shape
-from sim.metrics import Recorder, RequestRecord
+from sim.metrics import Recorder, RequestRecord, emit_step_tokens, explain_unfinished
 from sim.request_spec import RequestSpec
 
 NULL_BLOCK = 0
@@ -246,21 +247,13 @@ class RealEngine:
 
     # --- requests ------------------------------------------------------------------------------
     def _submit(self, rec: RequestRecord, seq: int) -> None:
-        s = rec.spec
-        req = Request(s.id, s.arrival_s, s.prompt_tokens, s.max_tokens, s.priority, s.prompt_runs,
-                      s.output_key, seq=seq)
-        rec.req = req
-        rec.replica = 0
-        rec.finish_at = min(s.output_tokens, s.max_tokens, self.max_model_len - s.prompt_tokens)
-        self.records[s.id] = rec
-        self.tokens[s.id] = prompt_token_ids(req, self.vocab)
+        req = rec.open(seq, self.max_model_len, 0, rec.steps)
+        self.records[req.id] = rec
+        self.tokens[req.id] = prompt_token_ids(req, self.vocab)
         self.policy.add_request(req)
 
     def _end(self, req: Request, state: str, reason: str = "") -> None:
-        rec = self.records[req.id]
-        rec.state = state
-        rec.reason = reason
-        rec.release()
+        self.records[req.id].end(state, reason)
         self.blocks.drop(req)
         host = self.swapped.pop(req.id, None)
         if host and self.host_pool is not None:
@@ -292,6 +285,13 @@ class RealEngine:
         if self.host_pool is None:
             raise RuntimeError("the policy swaps but the engine has no host swap pool (engine.swap_space_gib is 0)")
         return self.host_pool
+
+    def _keep_sampled(self, plan: StepPlan, next_tokens) -> Callable[[Request], None]:
+        """``on_token`` for :func:`sim.metrics.emit_step_tokens`: a request that emits keeps the
+        token the model sampled for it (its next input)."""
+        position = {req.id: i for i, req in enumerate(plan.scheduled)}
+        tokens = self.tokens
+        return lambda req: tokens[req.id].append(int(next_tokens[position[req.id]]))
 
     def _batch(self, plan: StepPlan) -> list[SeqInput]:
         batch = []
@@ -358,7 +358,6 @@ class RealEngine:
         traces: list[StepTrace] = []
         clock = self.clock or Clock(clock_kind(self.executor.runner.cache.device))
         pending = 0  # next record to hand to the policy
-        finished_status = Status.FINISHED
         at_horizon = False
         while True:
             now = clock.now()
@@ -385,51 +384,28 @@ class RealEngine:
                 clock.sleep_until(records[pending].spec.arrival_s)
                 continue
             for req in plan.admitted:
-                rec = self.records[req.id]
-                if rec.admitted_s != rec.admitted_s:
-                    rec.admitted_s = start
+                self.records[req.id].mark_admitted(start)
             before_swap = clock.now()
             copied = self._apply_memory(plan)
             swap_s = clock.now() - before_swap if copied else 0.0
             batch = self._batch(plan)
             next_tokens = executor.run(batch) if plan.scheduled or plan.padding_tokens else []
             end = clock.now()
-            step = len(steps_out)
-            finished = []
-            for i, req in enumerate(plan.scheduled):  # emit_tokens(plan) and the end test
-                out = req.num_output_tokens
-                if req.num_computed_tokens >= req.prompt_tokens + out:
-                    req.num_output_tokens = out + 1
-                    self.tokens[req.id].append(int(next_tokens[i]))
-                    rec = self.records[req.id]
-                    if out == 0:
-                        rec.first_token_s = end
-                        rec.run_step = step
-                        rec.run_tok = 0
-                    elif step - rec.run_step != out - rec.run_tok:
-                        rec.break_run(step, out)
-                    if out + 1 >= rec.finish_at:
-                        req.status = finished_status
-                        rec.finish_s = end
-                        finished.append(req)
+            finished = emit_step_tokens(plan.scheduled, self.records, len(steps_out), end,
+                                        on_token=self._keep_sampled(plan, next_tokens))
             policy.finish_step(plan, finished)
             for req in finished:
                 self._end(req, "finished")
             shape = step_shape(plan)
             flops, bytes_ = self.latency.step_flops_bytes(shape) if self.latency is not None else (0.0, 0.0)
-            reserved, used = policy.kv_tokens_reserved_and_used()
-            steps_out.append(end, start, end - start, policy.num_running, policy.num_waiting, shape, plan,
-                             len(finished), policy.kv_blocks_used(), policy.cpu_blocks_used(), reserved, used,
-                             flops, bytes_, swap_s=swap_s)
+            steps_out.append(end, start, end - start, policy, shape, plan, len(finished), flops, bytes_, swap_s)
             if self.check:
                 self.check_blocks()
             traces.append(StepTrace(start, end, tuple((r.id, n, c) for r, n, c in
                                                       zip(plan.scheduled, plan.num_new_tokens, plan.context)),
                                     tuple(r.id for r in plan.preempted), copied, swap_s))
             traces[-1].gap_s = clock.now() - end
-        for rec in records:
-            if rec.state == "unfinished" and not rec.reason:
-                rec.reason = "horizon reached" if horizon_s is not None else "never scheduled"
+        explain_unfinished(records, horizon_s)
         if self.check and not at_horizon:
             self.check_end()
         info = {"graphs": getattr(executor, "uses_graphs", False), "blocks": "policy" if self.blocks.shared else "side",

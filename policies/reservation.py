@@ -4,23 +4,17 @@ admits requests while a contiguous max-length reservation fits, rejecting the on
 
 from __future__ import annotations
 
-from collections import deque
-
-from policies.base import EngineLimits, Policy, Request, Status, StepPlan
+from policies.base import EngineLimits, Request, Status, StepPlan
+from policies.fcfs import FcfsPolicy
 from policies.kv.contiguous import ContiguousAllocator
 
 
-class ReservationPolicy(Policy):
+class ReservationPolicy(FcfsPolicy):
     uses_token_budget = False
 
     def __init__(self, limits: EngineLimits, **knobs) -> None:
         super().__init__(limits, **knobs)
         self.kv = ContiguousAllocator(limits.num_gpu_blocks, limits.block_size)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-
-    def add_request(self, req: Request) -> None:
-        self.waiting.append(req)
 
     def _reject_unfit(self, plan: StepPlan) -> None:
         """Drop requests at the head of the queue that could never be admitted, with a reason."""
@@ -53,14 +47,6 @@ class ReservationPolicy(Policy):
             plan.add(req, req.num_tokens - req.num_computed_tokens, req.num_computed_tokens)
             req.num_computed_tokens = req.num_tokens
             self._reject_unfit(plan)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
 
     def kv_blocks_used(self) -> int:
         return self.kv.used_blocks

@@ -25,11 +25,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
-from policies.v0_blocks import AllocStatus, V0BlockManager
+from policies.base import EngineLimits, Knob, Request, Status, StepPlan
+from policies.v0_blocks import AllocStatus
+from policies.whole_prompt import WATERMARK, WholePromptPolicy
 
 
-class SarathiPolicy(Policy):
+class SarathiPolicy(WholePromptPolicy):
     name = "sarathi"
     summary = (
         "Sarathi-Serve stall-free batching: decodes first, prefill chunks fill a fixed chunk_size "
@@ -39,11 +40,7 @@ class SarathiPolicy(Policy):
         "chunk_size": Knob(
             512, "token budget of a whole step: decodes (1 token each) plus prefill chunks", int
         ),
-        "watermark": Knob(
-            0.01,
-            "fraction of the GPU KV blocks that admission leaves free for running requests to grow into",
-            float,
-        ),
+        "watermark": WATERMARK,
     }
 
     def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
@@ -51,17 +48,9 @@ class SarathiPolicy(Policy):
         self.chunk_size = int(self.knobs["chunk_size"])
         if self.chunk_size < 1:
             raise ValueError(f"sarathi chunk_size must be >= 1; got {self.chunk_size}")
-        self.blocks = V0BlockManager(
-            limits.block_size, limits.num_gpu_blocks, 0, float(self.knobs["watermark"])
-        )
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self._make_blocks(limits, num_cpu_blocks=0)
 
     # --- driven by the engine -------------------------------------------------------------
-    def add_request(self, req: Request) -> None:
-        req.status = Status.WAITING
-        self.waiting.append(req)
-
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         queue = deque(sorted(self.running, key=lambda r: (r.arrival_s, r.seq)))  # FCFS
@@ -107,14 +96,7 @@ class SarathiPolicy(Policy):
                 continue
             status = self.blocks.can_allocate(req)
             if status is AllocStatus.NEVER:
-                b = self.blocks
-                self._reject(
-                    req,
-                    plan,
-                    f"{req.num_tokens} tokens need {b.blocks_for(req.num_tokens)} KV blocks of "
-                    f"{b.block_size}; the GPU pool has {b.num_gpu_blocks} with {b.watermark_blocks} "
-                    f"kept free (watermark)",
-                )
+                self._reject(req, plan, self._never_fits(req))
                 continue
             if status is AllocStatus.LATER or len(new_running) >= self.limits.max_num_seqs:
                 break
@@ -132,14 +114,6 @@ class SarathiPolicy(Policy):
 
         self.running = new_running
         return plan
-
-    def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
-        done = {req.id for req in finished}
-        for req in finished:
-            self.blocks.free(req)
-            req.status = Status.FINISHED
-            req.policy_state = None
-        self.running = [req for req in self.running if req.id not in done]
 
     # --- helpers -------------------------------------------------------------------------
     @staticmethod
@@ -171,23 +145,8 @@ class SarathiPolicy(Policy):
 
     # --- what the engine and metrics read -------------------------------------------------
     @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
     def token_budget(self) -> int:
         return self.chunk_size
-
-    def kv_blocks_used(self) -> int:
-        return self.blocks.used_gpu_blocks
-
-    def kv_tokens_reserved_and_used(self) -> tuple[int, int]:
-        stored = sum(req.num_computed_tokens for req in self.running)
-        return self.blocks.used_gpu_blocks * self.blocks.block_size, stored
 
     def drain(self) -> list[Request]:
         held = [*self.running, *self.waiting]

@@ -43,8 +43,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
-from policies.v0_blocks import AllocStatus, V0BlockManager
+from policies.base import EngineLimits, Knob, Request, Status, StepPlan
+from policies.v0_blocks import AllocStatus
+from policies.whole_prompt import WATERMARK, WholePromptPolicy
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -62,7 +63,7 @@ class _Budget:
         return self.tokens + tokens <= self.max_tokens and self.seqs + seqs <= self.max_seqs
 
 
-class VllmV0Policy(Policy):
+class VllmV0Policy(WholePromptPolicy):
     name = "vllm-v0"
     summary = (
         "vLLM V0 default (0.6.6): prefill-first steps of whole prompts, paged KV with a watermark, "
@@ -77,11 +78,7 @@ class VllmV0Policy(Policy):
             "pool of engine.swap_space_gib and back, paying PCIe time)",
             str,
         ),
-        "watermark": Knob(
-            0.01,
-            "fraction of the GPU KV blocks that admission leaves free for running requests to grow into",
-            float,
-        ),
+        "watermark": WATERMARK,
     }
 
     def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
@@ -91,21 +88,14 @@ class VllmV0Policy(Policy):
             raise ValueError(
                 f"vllm-v0 preemption must be one of {list(PREEMPTION_MODES)}; got {self.preemption!r}"
             )
-        self.blocks = V0BlockManager(
-            limits.block_size, limits.num_gpu_blocks, limits.num_cpu_blocks, float(self.knobs["watermark"])
-        )
+        self._make_blocks(limits, limits.num_cpu_blocks)
         self.prompt_limit = min(limits.max_model_len, limits.max_num_batched_tokens)
         self.max_seqs = min(limits.max_num_seqs, limits.max_num_batched_tokens)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # admission order: the back is the first preemption victim
+        # self.running (FcfsPolicy) stays in admission order: the back is the first preemption victim
         self.swapped: deque[Request] = deque()  # swap-out order: resumed first in, first out
         self.num_swap_fallbacks = 0  # swap victims recomputed because the CPU pool was full
 
     # --- driven by the engine -------------------------------------------------------------
-    def add_request(self, req: Request) -> None:
-        req.status = Status.WAITING
-        self.waiting.append(req)
-
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = _Budget(self.limits.max_num_batched_tokens, self.max_seqs, seqs=len(self.running))
@@ -116,13 +106,6 @@ class VllmV0Policy(Policy):
             if not preempted:
                 self._schedule_swap_ins(plan, budget)
         return plan
-
-    def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
-        done = {req.id for req in finished}
-        for req in finished:
-            self.blocks.free(req)
-            req.status = Status.FINISHED
-        self.running = [req for req in self.running if req.id not in done]
 
     # --- one step ------------------------------------------------------------------------
     def _schedule_prefills(self, plan: StepPlan, budget: _Budget) -> None:
@@ -236,18 +219,7 @@ class VllmV0Policy(Policy):
             return self._never_fits(req)
         return None
 
-    def _never_fits(self, req: Request) -> str:
-        b = self.blocks
-        return (
-            f"{req.num_tokens} tokens need {b.blocks_for(req.num_tokens)} KV blocks of {b.block_size}; "
-            f"the GPU pool has {b.num_gpu_blocks} with {b.watermark_blocks} kept free (watermark)"
-        )
-
     # --- what the engine and metrics read -------------------------------------------------
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
     @property
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.swapped)
@@ -259,16 +231,6 @@ class VllmV0Policy(Policy):
     @property
     def token_budget(self) -> int:
         return self.limits.max_num_batched_tokens
-
-    def kv_blocks_used(self) -> int:
-        return self.blocks.used_gpu_blocks
-
-    def kv_tokens_reserved_and_used(self) -> tuple[int, int]:
-        stored = sum(req.num_computed_tokens for req in self.running)
-        return self.blocks.used_gpu_blocks * self.blocks.block_size, stored
-
-    def cpu_blocks_used(self) -> int:
-        return self.blocks.used_cpu_blocks
 
     def drain(self) -> list[Request]:
         held = [*self.running, *self.swapped, *self.waiting]

@@ -38,7 +38,7 @@ import simpy
 
 from policies.base import Policy, Request, Status, StepPlan
 from sim.latency.base import LatencyModel, StepShape, step_shape
-from sim.metrics import Recorder, RequestRecord
+from sim.metrics import HORIZON_REACHED, Recorder, RequestRecord, emit_step_tokens, explain_unfinished
 from sim.request_spec import RequestSpec
 from sim.routing import round_robin
 
@@ -80,16 +80,8 @@ class Replica:
         self.process = env.process(self.loop())
 
     def submit(self, rec: RequestRecord) -> None:
-        s = rec.spec
-        req = Request(s.id, s.arrival_s, s.prompt_tokens, s.max_tokens, s.priority, s.prompt_runs,
-                      s.output_key, seq=len(self.records))
-        rec.req = req
-        rec.replica = self.index
-        rec.steps = self.steps
-        # the request is done when it has emitted its true output length, max_tokens, or reached
-        # max_model_len (emitted tokens are num_output_tokens: the engine is the only emitter)
-        rec.finish_at = min(s.output_tokens, s.max_tokens, self.max_model_len - s.prompt_tokens)
-        self.records[s.id] = rec
+        req = rec.open(len(self.records), self.max_model_len, self.index, self.steps)
+        self.records[req.id] = rec
         self.outstanding += 1
         self.policy.add_request(req)
         self._kick()
@@ -99,9 +91,7 @@ class Replica:
             self.wake.succeed()
 
     def _end(self, rec: RequestRecord, state: str, reason: str = "") -> None:
-        rec.state = state
-        rec.reason = reason
-        rec.release()
+        rec.end(state, reason)
         self.outstanding -= 1
         if self.on_progress is not None:
             self.on_progress(1)
@@ -111,7 +101,6 @@ class Replica:
         latency, steps = self.latency, self.steps
         append_step = steps.append
         fast_forward = self.fast_forward
-        finished_status = Status.FINISHED
         while True:
             if not policy.has_work():
                 if self.arrivals_done:
@@ -146,9 +135,7 @@ class Replica:
                 continue
             start = env.now
             for req in plan.admitted:
-                rec = records[req.id]
-                if rec.admitted_s != rec.admitted_s:  # first admission only (NaN check)
-                    rec.admitted_s = start
+                records[req.id].mark_admitted(start)
             shape = fast_step_shape(plan)
             dt, flops, bytes_ = latency.price(shape, plan)
             swap_s = 0.0
@@ -157,31 +144,11 @@ class Replica:
                 dt += swap_s
             yield env.timeout(dt)
             now = env.now
-            step = len(steps)  # this step's index on this replica
-            finished = []
-            # emit_tokens(plan), and the end-of-request test, in one pass in batch order
-            for req in plan.scheduled:
-                out = req.num_output_tokens
-                if req.num_computed_tokens >= req.prompt_tokens + out:
-                    req.num_output_tokens = out + 1
-                    rec = records[req.id]
-                    if out == 0:
-                        rec.first_token_s = now
-                        rec.run_step = step
-                        rec.run_tok = 0
-                    elif step - rec.run_step != out - rec.run_tok:
-                        rec.break_run(step, out)
-                    if out + 1 >= rec.finish_at:
-                        req.status = finished_status
-                        rec.finish_s = now
-                        finished.append(req)
+            finished = emit_step_tokens(plan.scheduled, records, len(steps), now)
             policy.finish_step(plan, finished)
             for req in finished:
                 self._end(records[req.id], "finished")
-            reserved, used = policy.kv_tokens_reserved_and_used()
-            append_step(now, start, dt, policy.num_running, policy.num_waiting, shape, plan, len(finished),
-                        policy.kv_blocks_used(), policy.cpu_blocks_used(), reserved, used, flops, bytes_,
-                        swap_s)
+            append_step(now, start, dt, policy, shape, plan, len(finished), flops, bytes_, swap_s)
 
     # --- fast-forward ---------------------------------------------------------------------------
     def _prepare_stretch(self, batch: list[Request], context: int):
@@ -386,11 +353,13 @@ class Simulation:
 
     def __init__(self, specs: Sequence[RequestSpec], replicas: Sequence[tuple[Policy, LatencyModel]],
                  max_model_len: int, router: Router | None = None, horizon_s: float | None = None,
-                 on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None):
+                 on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
+                 horizon_reason: str = HORIZON_REACHED):
         self.env = simpy.Environment()
         self.specs = specs
         self.recorder = Recorder()
         self.horizon_s = horizon_s
+        self.horizon_reason = horizon_reason  # why requests still held at horizon_s are unfinished
         self.next_arrival_at = math.inf  # event time of the next arrival not yet handed out
         if fast_forward is None:
             fast_forward = fast_forward_default()
@@ -425,7 +394,5 @@ class Simulation:
             self.env.run(until=self.horizon_s)
         else:
             self.env.run()
-        for rec in self.records:  # not yet arrived, or still held at the horizon
-            if rec.state == "unfinished" and not rec.reason:
-                rec.reason = "horizon reached" if self.horizon_s is not None else "never scheduled"
+        explain_unfinished(self.records, self.horizon_s, self.horizon_reason)
         return self.recorder

@@ -31,7 +31,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from policies.base import Request, StepPlan
+from policies.base import Request, Status, StepPlan
 
 STEP_COLUMNS = (
     "replica",
@@ -69,6 +69,9 @@ STORED_COLUMNS = STEP_COLUMNS[2:]
 _FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes", "swap_s")
 _MAYBE_INT = ("flops", "bytes")  # int64 in the frame if every value was an integer
 
+HORIZON_REACHED = "horizon reached"  # the reason of requests still held when simulated time stops
+_FINISHED = Status.FINISHED
+
 TOKEN_TIMES_LIMIT = 20_000_000  # tokens (160 MB of times); beyond this, token_times_s stays out of memory
 _EXACT_INT_FLOAT = 2**53
 
@@ -97,15 +100,17 @@ class ReplicaSteps:
     def __len__(self) -> int:
         return len(self.ends)
 
-    def append(self, end: float, start: float, duration: float, running: int, waiting: int,
-               shape, plan: StepPlan, n_finished: int, kv_blocks_used: int, cpu_blocks_used: int,
-               reserved: int, used: int, flops, bytes_, swap_s: float = 0.0) -> None:
+    def append(self, end: float, start: float, duration: float, policy, shape, plan: StepPlan,
+               n_finished: int, flops, bytes_, swap_s: float = 0.0) -> None:
+        """One step's row: its times, its shape and plan, and the policy's figures after it
+        (after ``finish_step``)."""
+        reserved, used = policy.kv_tokens_reserved_and_used()
         (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
          a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used) = self._append
         a_start(start)
         a_dur(duration)
-        a_run(running)
-        a_wait(waiting)
+        a_run(policy.num_running)
+        a_wait(policy.num_waiting)
         a_seqs(shape.num_seqs)
         a_pre(shape.prefill_tokens)
         a_dec(shape.decode_tokens)
@@ -117,8 +122,8 @@ class ReplicaSteps:
         a_rej(len(plan.rejected))
         a_so(plan.swap_out_blocks)
         a_si(plan.swap_in_blocks)
-        a_kv(kv_blocks_used)
-        a_cpu(cpu_blocks_used)
+        a_kv(policy.kv_blocks_used())
+        a_cpu(policy.cpu_blocks_used())
         a_res(reserved)
         a_used(used)
         self._add_maybe_int("flops", flops)
@@ -227,6 +232,31 @@ class RequestRecord:
     def swaps(self) -> int:
         return self.req.num_swaps if self.req is not None else self._swaps
 
+    def open(self, seq: int, max_model_len: int, replica: int = 0, steps: ReplicaSteps | None = None) -> Request:
+        """The request's scheduler state (a :class:`Request`, handed to a policy), and when it is
+        done: once it has emitted its true output length, ``max_tokens``, or reached
+        ``max_model_len`` (emitted tokens are ``num_output_tokens``: the engine is the only emitter)."""
+        s = self.spec
+        req = Request(s.id, s.arrival_s, s.prompt_tokens, s.max_tokens, s.priority, s.prompt_runs,
+                      s.output_key, seq=seq)
+        self.req = req
+        self.replica = replica
+        self.steps = steps
+        self.finish_at = min(s.output_tokens, s.max_tokens, max_model_len - s.prompt_tokens)
+        return req
+
+    def mark_admitted(self, now: float) -> None:
+        """A policy admitted the request; ``admitted_s`` keeps the first admission."""
+        if self.admitted_s != self.admitted_s:  # NaN: not admitted before
+            self.admitted_s = now
+
+    def end(self, state: str, reason: str = "") -> None:
+        """The request has ended (finished, rejected or unfinished): keep its counters and let its
+        scheduler state go."""
+        self.state = state
+        self.reason = reason
+        self.release()
+
     def break_run(self, step: int, token: int) -> None:
         """Token ``token`` is emitted at ``step``, not right after the previous token's step."""
         if self.runs is None:
@@ -264,6 +294,45 @@ class RequestRecord:
         return out
 
 
+def emit_step_tokens(scheduled: list[Request], records: dict[str, RequestRecord], step: int, now: float,
+                     on_token=None) -> list[Request]:
+    """After step ``step`` (of one replica) ended at ``now``: ``policies.base.emit_tokens`` and the
+    end-of-request test in one pass, in batch order. Every scheduled request whose prompt (plus
+    earlier outputs) is fully computed emits one token, recorded in its :class:`RequestRecord`'s
+    token-time runs (and passed to ``on_token(req)`` when given); those that reach their
+    ``finish_at`` are marked finished at ``now`` and returned, in batch order, for
+    ``policy.finish_step``. Both engines (``sim.engine`` and ``calib.engine``) step through here."""
+    finished = []
+    for req in scheduled:
+        out = req.num_output_tokens
+        if req.num_computed_tokens >= req.prompt_tokens + out:
+            req.num_output_tokens = out + 1
+            if on_token is not None:
+                on_token(req)
+            rec = records[req.id]
+            if out == 0:
+                rec.first_token_s = now
+                rec.run_step = step
+                rec.run_tok = 0
+            elif step - rec.run_step != out - rec.run_tok:
+                rec.break_run(step, out)
+            if out + 1 >= rec.finish_at:
+                req.status = _FINISHED
+                rec.finish_s = now
+                finished.append(req)
+    return finished
+
+
+def explain_unfinished(records, horizon_s: float | None, horizon_reason: str = HORIZON_REACHED) -> None:
+    """When a run stops: requests that are unfinished with no reason yet were held (queued,
+    running or not yet arrived) at the horizon (``horizon_reason``), or, without one, never
+    scheduled."""
+    reason = horizon_reason if horizon_s is not None else "never scheduled"
+    for rec in records:
+        if rec.state == "unfinished" and not rec.reason:
+            rec.reason = reason
+
+
 class Recorder:
     """Collects one policy's run. Each replica appends its steps to :meth:`replica_steps`."""
 
@@ -279,16 +348,6 @@ class Recorder:
 
     def add_request(self, rec: RequestRecord) -> None:
         self.records.append(rec)
-
-    def on_step(self, replica: int, start: float, duration: float, plan: StepPlan, policy,
-                n_finished: int, shape, flops: float, bytes_: float, end: float | None = None,
-                swap_s: float = 0.0) -> None:
-        """Record one step (the engine's own path appends to :class:`ReplicaSteps` directly)."""
-        reserved, used = policy.kv_tokens_reserved_and_used()
-        self.replica_steps(replica).append(
-            start + duration if end is None else end, start, duration, policy.num_running,
-            policy.num_waiting, shape, plan, n_finished, policy.kv_blocks_used(),
-            policy.cpu_blocks_used(), reserved, used, flops, bytes_, swap_s)
 
     # --- token times --------------------------------------------------------------------------
     def total_tokens(self) -> int:

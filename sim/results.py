@@ -120,8 +120,7 @@ class RunResult:
         from sim.scenario import load_scenario
 
         d = Path(out_dir)
-        missing = [f for f in ("requests.parquet", "steps.parquet", "summary.json", "scenario.yaml")
-                   if not (d / f).exists()]
+        missing = [f for f in RESULT_FILES if not (d / f).exists()]
         if missing:
             raise CbsimError(f"{d} is not a cbsim results folder: missing {', '.join(missing)} "
                              "(make one with `cbsim run SCENARIO --out DIR`)")

@@ -27,6 +27,7 @@ from sim.engine import Simulation
 from sim.hardware import get_gpu
 from sim.kv_capacity import resolve_kv
 from sim.latency import make_latency
+from sim.metrics import HORIZON_REACHED
 from sim.models import get_model
 from sim.results import RunResult
 from sim.routing import make_router
@@ -109,14 +110,11 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
         replicas.append((policy, latency))
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
-                     horizon_s=end_s, on_progress=on_progress)
+                     horizon_s=end_s, on_progress=on_progress,
+                     horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
     recorder = sim.run()
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
-    if capped:
-        at_cap = requests["reason"] == "horizon reached"
-        if at_cap.any():
-            requests.loc[at_cap, "reason"] = cap_reason(end_s)
     pol = replicas[0][0]
     meta = {
         "policy": entry.name,
@@ -156,7 +154,7 @@ def end_report(requests: pd.DataFrame, end_s: float, capped: bool) -> dict:
       ``stuck``.
     """
     reasons = requests.loc[requests["state"] == "unfinished", "reason"]
-    timed_out = reasons.isin(["horizon reached"]) | reasons.str.startswith("simulated-time cap")
+    timed_out = (reasons == HORIZON_REACHED) | reasons.str.startswith("simulated-time cap")
     n_out, n_stuck = int(timed_out.sum()), int((~timed_out).sum())
     if reasons.empty:
         stopped = "drained"

@@ -9,8 +9,6 @@ by step duration.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -21,17 +19,11 @@ def stats(values) -> dict:
     arr = np.asarray(values, dtype=float)
     arr = arr[~np.isnan(arr)]
     if arr.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     out = {"mean": float(arr.mean())}
     for p in PERCENTILES:
         out[f"p{p}"] = float(np.percentile(arr, p))
     return out
-
-
-def percentile(values, p: float) -> float:
-    arr = np.asarray(values, dtype=float)
-    arr = arr[~np.isnan(arr)]
-    return float(np.percentile(arr, p)) if arr.size else math.nan
 
 
 def meets_slo_mask(requests: pd.DataFrame, slo) -> pd.Series:
@@ -52,20 +44,27 @@ def run_meets_slo(requests: pd.DataFrame, slo) -> bool | None:
     """A run meets the SLO when the SLO's percentile of each bounded metric is within bound.
 
     Requests that did not finish count as infinitely late, so an overloaded run that leaves a
-    backlog cannot pass."""
+    backlog cannot pass; a run that finished nothing does not meet it either. (A percentile that
+    falls between two infinite values is NaN, which must count as a violation: hence
+    ``not (p <= bound)`` rather than ``p > bound``.)"""
     if slo is None or all(getattr(slo, k) is None for k in ("ttft_s", "tpot_s", "e2e_s")):
         return None
-    unfinished = requests["state"] != "finished"
+    state = requests["state"]
+    unfinished = (state != "finished").to_numpy()
+    rejected = (state == "rejected").to_numpy()
+    if unfinished.all():
+        return False
     for col, bound in (("ttft_s", slo.ttft_s), ("tpot_s", slo.tpot_s), ("e2e_s", slo.e2e_s)):
         if bound is None:
             continue
         vals = requests[col].to_numpy(dtype=float).copy()
         if col == "tpot_s":
-            vals[np.isnan(vals) & ~unfinished.to_numpy()] = 0.0
-        vals[unfinished.to_numpy()] = np.inf
-        rejected = (requests["state"] == "rejected").to_numpy()
+            vals[np.isnan(vals) & ~unfinished] = 0.0
+        vals[unfinished] = np.inf
         vals = vals[~rejected]
-        if vals.size and np.percentile(vals, slo.percentile) > bound:
+        with np.errstate(invalid="ignore"):  # inf - inf between two unfinished requests
+            p = np.percentile(vals, slo.percentile) if vals.size else None
+        if p is not None and not p <= bound:
             return False
     return True
 

@@ -1,11 +1,14 @@
-"""Small builders shared by tests: fake model/GPU specs and a direct simulation runner."""
+"""Small builders shared by tests: fake model/GPU specs, small scenarios, a direct simulation
+runner, a step-by-step driver of the whole-prompt paged policies, and a wall-clock limit."""
 
 from __future__ import annotations
 
 import random
+import signal
+from contextlib import contextmanager
 from types import SimpleNamespace
 
-from policies.base import EngineLimits
+from policies.base import EngineLimits, Request, emit_tokens
 from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
@@ -51,3 +54,106 @@ def simulate(name: str, specs, limits: EngineLimits, step_s: float = 1.0, **knob
                         kv_blocks_total=policy.kv_blocks_total(), peak_flops=FAKE_GPU.peak_flops,
                         hbm_bandwidth=FAKE_GPU.hbm_bandwidth)
     return requests, steps, policy, summary
+
+
+def small_scenario(seed: int = 1, num_requests: int = 60,
+                   policies: list[dict] | None = None, **extra) -> dict:
+    """A scenario that simulates in milliseconds: the tiny model, one 10 ms step per iteration,
+    short uniform lengths, 128 KV blocks of 16 tokens, an SLO (``extra``: more top-level keys)."""
+    return {
+        "name": "small", "seed": seed, "model": "tiny", "hardware": {"gpu": "cpu"},
+        "latency": {"backend": "constant", "step_s": 0.01},
+        "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": 5.0},
+                     "prompt_tokens": {"dist": "uniform", "min": 8, "max": 64},
+                     "output_tokens": {"dist": "uniform", "min": 4, "max": 40}, "max_tokens": 64},
+        "engine": {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 256,
+                   "num_gpu_blocks": 128},
+        "policies": policies if policies is not None else [{"name": "static", "batch_size": 8}, {"name": "orca"}],
+        "slo": {"ttft_s": 0.5, "tpot_s": 0.05},
+        **extra,
+    }
+
+
+def overload_scenario(name: str, num_requests: int, rate: float, policies: list[dict], horizon_s: float) -> dict:
+    """Far more traffic than a 200-block pool serves (the tiny model, 50 ms steps): a backlog
+    builds up until ``horizon_s``."""
+    return {
+        "name": name,
+        "model": "tiny",
+        "hardware": {"gpu": "cpu"},
+        "latency": {"backend": "constant", "step_s": 0.05},
+        "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
+                     "output_tokens": {"dist": "uniform", "min": 50, "max": 200}},
+        "engine": {"num_gpu_blocks": 200, "max_model_len": 1024, "max_num_batched_tokens": 1024, "max_num_seqs": 16},
+        "policies": policies,
+        "horizon_s": horizon_s,
+    }
+
+
+def req(id: str, prompt: int, seq: int = 0) -> Request:
+    """A request arriving at ``seq`` seconds with a prompt of ``prompt`` tokens and no real max_tokens."""
+    return Request(id, arrival_s=float(seq), prompt_tokens=prompt, max_tokens=10_000, seq=seq)
+
+
+def drive_paged_policy(policy, workload, max_steps=5000, *, before_schedule=None, on_plan=None,
+                       on_step=None) -> tuple[list[Request], list[Request]]:
+    """Drive a policy with a V0 block manager (``policy.blocks``: vllm-v0, sarathi) step by step
+    without SimPy: the engine protocol in miniature (policies/base.py). ``workload``: (arrival
+    step, Request, output length); the output lengths stay with the driver, which (never the
+    policy) decides which requests are done.
+
+    Each step: arrivals, ``before_schedule()``, ``schedule``, the block manager's check,
+    ``on_plan(plan)``, ``emit_tokens``, ``finish_step`` of the requests that are done (their
+    output length, or max_model_len), the check again, ``on_step(plan, emitted, done)``. Fails if
+    a policy with work returns an empty plan, or does not drain within ``max_steps``; at the end
+    every GPU block is free. Returns (finished, rejected)."""
+    out_len = {req.id: n for _, req, n in workload}
+    pending = sorted(workload, key=lambda w: (w[0], w[1].seq))
+    finished: list[Request] = []
+    rejected: list[Request] = []
+    for step in range(max_steps):
+        while pending and pending[0][0] <= step:
+            policy.add_request(pending.pop(0)[1])
+        if not pending and not policy.has_work():
+            break
+        if before_schedule:
+            before_schedule()
+        had_work = policy.has_work()
+        plan = policy.schedule()
+        policy.blocks.check()
+        # The engine ends a run whose policy has work but returns an empty plan: never do that.
+        assert not had_work or not plan.is_empty or plan.rejected, f"stuck at step {step}"
+        if on_plan:
+            on_plan(plan)
+        rejected += plan.rejected
+        emitted = emit_tokens(plan)
+        done = [
+            r
+            for r in emitted
+            if r.num_output_tokens >= out_len[r.id] or r.num_tokens >= policy.limits.max_model_len
+        ]
+        policy.finish_step(plan, done)
+        policy.blocks.check()
+        if on_step:
+            on_step(plan, emitted, done)
+        finished += done
+    else:
+        raise AssertionError(f"not drained after {max_steps} steps")
+    assert policy.kv_blocks_used() == 0 and policy.blocks.free_gpu_blocks == policy.limits.num_gpu_blocks
+    return finished, rejected
+
+
+@contextmanager
+def wall_clock_limit(seconds: float):
+    """Raise TimeoutError if the block runs longer than ``seconds`` (SIGALRM; main thread)."""
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"no end within {seconds} s: an endless loop?")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

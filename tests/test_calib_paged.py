@@ -67,6 +67,17 @@ def fill_and_query(shapes, *, block_size, num_heads, kv_heads, head_dim, num_blo
     return k_cache, v_cache, meta, torch.cat(qs), torch.cat(dense), scale
 
 
+def poison_unowned_slots(k_cache, v_cache, meta, shapes, block_size, kv_heads, head_dim) -> None:
+    """NaN into every slot of the pools that no request of the batch owns (other blocks, the unused
+    tail of each last block): an attention that reads any of them outputs NaN."""
+    owned = torch.zeros(k_cache.shape[0] * block_size, dtype=torch.bool)
+    for b, (q_len, ctx) in enumerate(shapes):
+        for pos in range(q_len + ctx):
+            owned[int(meta.block_tables[b, pos // block_size]) * block_size + pos % block_size] = True
+    for pool in (k_cache, v_cache):
+        pool.view(-1, kv_heads, head_dim)[~owned] = float("nan")
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
@@ -95,12 +106,7 @@ def test_attention_never_reads_outside_the_requests_slots():
     k_cache, v_cache, meta, q, dense, scale = fill_and_query(
         shapes, block_size=block_size, num_heads=4, kv_heads=kv_heads, head_dim=head_dim
     )
-    owned = torch.zeros(k_cache.shape[0] * block_size, dtype=torch.bool)
-    for b, (q_len, ctx) in enumerate(shapes):
-        for pos in range(q_len + ctx):
-            owned[int(meta.block_tables[b, pos // block_size]) * block_size + pos % block_size] = True
-    for pool in (k_cache, v_cache):
-        pool.view(-1, kv_heads, head_dim)[~owned] = float("nan")
+    poison_unowned_slots(k_cache, v_cache, meta, shapes, block_size, kv_heads, head_dim)
     out = paged_attention_reference(q, k_cache, v_cache, meta, scale)
     assert torch.isfinite(out).all()
     assert rel_err(out, dense) < 1e-5

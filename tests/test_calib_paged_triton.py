@@ -19,7 +19,7 @@ if not ON_GPU and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from test_calib_paged import MIXED, fill_and_query, rel_err  # noqa: E402
+from test_calib_paged import MIXED, fill_and_query, poison_unowned_slots, rel_err  # noqa: E402
 
 from calib.paged import paged_attention_reference  # noqa: E402
 from calib.paged_triton import choose_tiles, paged_attention_triton  # noqa: E402
@@ -70,12 +70,7 @@ def test_kernel_never_reads_outside_the_requests_slots(num_segments):
     k_cache, v_cache, meta, q, dense, scale = fill_and_query(
         shapes, block_size=block_size, num_heads=4, kv_heads=kv_heads, head_dim=head_dim
     )
-    owned = torch.zeros(k_cache.shape[0] * block_size, dtype=torch.bool)
-    for b, (q_len, ctx) in enumerate(shapes):
-        for pos in range(q_len + ctx):
-            owned[int(meta.block_tables[b, pos // block_size]) * block_size + pos % block_size] = True
-    for pool in (k_cache, v_cache):
-        pool.view(-1, kv_heads, head_dim)[~owned] = float("nan")
+    poison_unowned_slots(k_cache, v_cache, meta, shapes, block_size, kv_heads, head_dim)
     out = paged_attention_triton(
         q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta.to(DEVICE), scale, num_segments=num_segments
     )

@@ -18,19 +18,9 @@ from sim.plan import plan
 from sim.runner import run
 from sim.scenario import load_scenario
 from sim.sweep import execute
+from tests.helpers import small_scenario
 
-SMALL = {
-    "name": "small", "seed": 1, "model": "tiny", "hardware": {"gpu": "cpu"},
-    "latency": {"backend": "constant", "step_s": 0.01},
-    "workload": {"num_requests": 80, "arrival": {"process": "poisson", "rate": 5.0},
-                 "prompt_tokens": {"dist": "uniform", "min": 8, "max": 64},
-                 "output_tokens": {"dist": "uniform", "min": 4, "max": 40}, "max_tokens": 64},
-    "engine": {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 256,
-               "num_gpu_blocks": 128},
-    "policies": [{"name": "orca"}],
-    "slo": {"ttft_s": 0.5, "tpot_s": 0.05},
-    "cost_per_gpu_hour": 2.0,
-}
+SMALL = small_scenario(seed=1, num_requests=80, policies=[{"name": "orca"}], cost_per_gpu_hour=2.0)
 
 
 def cli(*args):

@@ -22,8 +22,6 @@ import copy
 import itertools
 import json
 import math
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,6 +35,7 @@ from sim.scenario import load_scenario
 from sim.traces import load_trace
 from sim.workload import build_workload
 from tests.fuzz_profiles import examples
+from tests.helpers import wall_clock_limit
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -54,20 +53,6 @@ _counter = itertools.count()
 
 def test_fuzz_has_shipped_scenarios_to_mutate():
     assert len(SCENARIOS) >= 3, SCENARIOS
-
-
-@contextmanager
-def wall_clock_limit(seconds: float):
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"no end within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def pipeline(source) -> str:

@@ -22,21 +22,12 @@ import pytest
 import yaml
 
 from sim.cli import INTERRUPTED, INTERRUPTED_MESSAGE
+from tests.helpers import overload_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 
-SCENARIO = {
-    "name": "interrupt-me",
-    "model": "tiny",
-    "hardware": {"gpu": "cpu"},
-    "latency": {"backend": "constant", "step_s": 0.05},
-    "workload": {"num_requests": 3000, "arrival": {"process": "poisson", "rate": 1000.0},
-                 "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
-                 "output_tokens": {"dist": "uniform", "min": 50, "max": 200}},
-    "engine": {"num_gpu_blocks": 200, "max_model_len": 1024, "max_num_batched_tokens": 1024, "max_num_seqs": 16},
-    "policies": [{"name": "vllm-v1"}],
-    "horizon_s": 60.0,
-}
+SCENARIO = overload_scenario("interrupt-me", num_requests=3000, rate=1000.0, policies=[{"name": "vllm-v1"}],
+                             horizon_s=60.0)
 
 WRAPPER = textwrap.dedent('''
     import os, sys, time

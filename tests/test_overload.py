@@ -18,20 +18,12 @@ from sim.commands.run import backlog_notes, comparison_table
 from sim.runner import DEFAULT_DRAIN_S, run
 from sim.scenario import load_scenario
 from sim.workload import build_workload
+from tests.helpers import overload_scenario
 
-OVERLOAD = {
-    "name": "overload",
-    "model": "tiny",
-    "hardware": {"gpu": "cpu"},
-    "latency": {"backend": "constant", "step_s": 0.05},
-    "workload": {"num_requests": 4000, "arrival": {"process": "poisson", "rate": 2000.0},
-                 "prompt_tokens": {"dist": "uniform", "min": 100, "max": 400},
-                 "output_tokens": {"dist": "uniform", "min": 50, "max": 200}},
-    "engine": {"num_gpu_blocks": 200, "max_model_len": 1024, "max_num_batched_tokens": 1024, "max_num_seqs": 16},
-    "policies": [{"name": "vllm-v1"}, {"name": "orca"}, {"name": "vllm-v0", "preemption": "swap"},
-                 {"name": "sarathi"}, {"name": "static", "batch_size": 8}],
-    "horizon_s": 20.0,
-}
+OVERLOAD = overload_scenario(
+    "overload", num_requests=4000, rate=2000.0, horizon_s=20.0,
+    policies=[{"name": "vllm-v1"}, {"name": "orca"}, {"name": "vllm-v0", "preemption": "swap"},
+              {"name": "sarathi"}, {"name": "static", "batch_size": 8}])
 
 
 def rendered(table) -> str:

@@ -15,9 +15,6 @@ Budget: ``tests/fuzz_profiles.py`` (``make test``: fixed examples; ``make fuzz``
 
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
-
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -28,7 +25,7 @@ from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
 from sim.request_spec import RequestSpec
 from tests.fuzz_profiles import examples
-from tests.helpers import FAKE_GPU, FAKE_MODEL
+from tests.helpers import FAKE_GPU, FAKE_MODEL, wall_clock_limit
 from tests.policy_invariants import Checked, InvariantChecker, drive
 
 POLICY_NAMES = ["static", "orca", "vllm-v1", "vllm-v0", "sarathi"]
@@ -37,21 +34,6 @@ WALL_LIMIT_S = 20  # one example; far above what any takes (an endless loop is c
 
 def test_every_registered_policy_is_covered():
     assert sorted(POLICIES) == sorted(POLICY_NAMES)
-
-
-@contextmanager
-def wall_clock_limit(seconds: float):
-    """Raise TimeoutError if the block runs longer than ``seconds`` (SIGALRM; main thread)."""
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"no end within {seconds} s: an endless loop?")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # --- strategies --------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """sarathi driven step by step without SimPy: exact hand-computed schedules plus invariants.
 
-The driver is the engine protocol in miniature (policies/base.py): arrivals, ``schedule``,
-``emit_tokens``, then the driver (never the policy) decides which requests are done from output
-lengths it keeps to itself, and calls ``finish_step``.
+The driver (``drive_paged_policy`` in tests/helpers.py) is the engine protocol in miniature
+(policies/base.py): arrivals, ``schedule``, ``emit_tokens``, then the driver (never the policy)
+decides which requests are done from output lengths it keeps to itself, and calls ``finish_step``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from policies.base import EngineLimits, Request, Status, StepPlan, emit_tokens
 from policies.sarathi import SarathiPolicy
 from policies.v0_blocks import cdiv
 from policies.vllm_v0 import VllmV0Policy
+from tests.helpers import drive_paged_policy, req
 
 
 def drive(
@@ -25,43 +26,21 @@ def drive(
     ``check(policy, plan, decoding)`` sees each plan right after ``schedule``; ``decoding`` is the
     set of request ids whose prompt was done before the step (emitted a token, not finished).
     """
-    out_len = {req.id: n for _, req, n in workload}
-    pending = sorted(workload, key=lambda w: (w[0], w[1].seq))
-    plans, finished, rejected = [], [], []
+    plans: list[StepPlan] = []
     decoding: set[str] = set()
-    for step in range(max_steps):
-        while pending and pending[0][0] <= step:
-            policy.add_request(pending.pop(0)[1])
-        if not pending and not policy.has_work():
-            break
-        had_work = policy.has_work()
-        plan = policy.schedule()
-        policy.blocks.check()
-        # The engine ends a run whose policy has work but returns an empty plan: never do that.
-        assert not had_work or not plan.is_empty or plan.rejected, f"stuck at step {step}"
+
+    def on_plan(plan: StepPlan) -> None:
         if check:
             check(policy, plan, decoding)
-        decoding -= {r.id for r in plan.preempted}
-        rejected += plan.rejected
-        emitted = emit_tokens(plan)
-        done = [
-            r
-            for r in emitted
-            if r.num_output_tokens >= out_len[r.id] or r.num_tokens >= policy.limits.max_model_len
-        ]
-        policy.finish_step(plan, done)
-        policy.blocks.check()
-        decoding = (decoding | {r.id for r in emitted}) - {r.id for r in done}
-        finished += done
+        decoding.difference_update(r.id for r in plan.preempted)
         plans.append(plan)
-    else:
-        raise AssertionError(f"not drained after {max_steps} steps")
-    assert policy.kv_blocks_used() == 0 and policy.blocks.free_gpu_blocks == policy.limits.num_gpu_blocks
+
+    def on_step(plan: StepPlan, emitted: list[Request], done: list[Request]) -> None:
+        decoding.update(r.id for r in emitted)
+        decoding.difference_update(r.id for r in done)
+
+    finished, rejected = drive_paged_policy(policy, workload, max_steps, on_plan=on_plan, on_step=on_step)
     return plans, finished, rejected
-
-
-def req(id: str, prompt: int, seq: int = 0) -> Request:
-    return Request(id, arrival_s=float(seq), prompt_tokens=prompt, max_tokens=10_000, seq=seq)
 
 
 def batch(plan: StepPlan) -> list[tuple[str, int, int]]:

@@ -20,19 +20,10 @@ from sim.sweep import (
     split_top_level,
     sweep,
 )
+from tests.helpers import small_scenario
 
 # tiny model, one 10 ms step per iteration: a point simulates in milliseconds
-SMALL = {
-    "name": "small", "seed": 1, "model": "tiny", "hardware": {"gpu": "cpu"},
-    "latency": {"backend": "constant", "step_s": 0.01},
-    "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 5.0},
-                 "prompt_tokens": {"dist": "uniform", "min": 8, "max": 64},
-                 "output_tokens": {"dist": "uniform", "min": 4, "max": 40}, "max_tokens": 64},
-    "engine": {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 256,
-               "num_gpu_blocks": 128},
-    "policies": [{"name": "static", "batch_size": 8}, {"name": "orca"}],
-    "slo": {"ttft_s": 0.5, "tpot_s": 0.05},
-}
+SMALL = small_scenario(seed=1)
 
 
 # --- parsing ---------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """vllm-v0 driven step by step without SimPy: exact hand-computed schedules plus invariants.
 
-The driver below is the engine protocol in miniature (policies/base.py): arrivals, ``schedule``,
-``emit_tokens``, then the driver (never the policy) decides which requests are done from output
-lengths it keeps to itself, and calls ``finish_step``.
+The driver (``drive_paged_policy`` in tests/helpers.py) is the engine protocol in miniature
+(policies/base.py): arrivals, ``schedule``, ``emit_tokens``, then the driver (never the policy)
+decides which requests are done from output lengths it keeps to itself, and calls ``finish_step``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from policies.base import EngineLimits, Request, Status, StepPlan, emit_tokens
 from policies.v0_blocks import AllocStatus, V0BlockManager, cdiv
 from policies.vllm_v0 import VllmV0Policy
+from tests.helpers import drive_paged_policy, req
 
 
 @dataclass
@@ -38,45 +39,25 @@ class Run:
 
 
 def drive(policy, workload, max_steps=5000, check=None) -> Run:
-    """``workload``: (arrival step, Request, output length). Output lengths stay out of the policy."""
-    out_len = {req.id: n for _, req, n in workload}
-    pending = sorted(workload, key=lambda w: (w[0], w[1].seq))
+    """``workload``: (arrival step, Request, output length). Output lengths stay out of the policy.
+    ``check(policy, step)`` sees each :class:`Step` right after ``schedule``."""
     run = Run()
-    for step in range(max_steps):
-        while pending and pending[0][0] <= step:
-            policy.add_request(pending.pop(0)[1])
-        if not pending and not policy.has_work():
-            break
-        swapped_before = [r.id for r in getattr(policy, "swapped", [])]
-        had_work = policy.has_work()
-        plan = policy.schedule()
-        policy.blocks.check()
-        # The engine ends a run whose policy has work but returns an empty plan: never do that.
-        assert not had_work or not plan.is_empty or plan.rejected, f"stuck at step {step}"
-        record = Step(plan, swapped_before, policy.blocks.free_gpu_blocks)
+    swapped_before: list[str] = []
+
+    def before_schedule() -> None:
+        swapped_before[:] = [r.id for r in getattr(policy, "swapped", [])]
+
+    def on_plan(plan: StepPlan) -> None:
+        record = Step(plan, list(swapped_before), policy.blocks.free_gpu_blocks)
         if check:
             check(policy, record)
-        run.rejected += plan.rejected
-        emitted = emit_tokens(plan)
-        done = [
-            r
-            for r in emitted
-            if r.num_output_tokens >= out_len[r.id] or r.num_tokens >= policy.limits.max_model_len
-        ]
-        policy.finish_step(plan, done)
-        policy.blocks.check()
-        run.finished += done
         run.steps.append(record)
-    else:
-        raise AssertionError(f"not drained after {max_steps} steps")
-    assert policy.kv_blocks_used() == 0 and policy.cpu_blocks_used() == 0
-    assert policy.blocks.free_gpu_blocks == policy.limits.num_gpu_blocks
+
+    run.finished, run.rejected = drive_paged_policy(policy, workload, max_steps, before_schedule=before_schedule,
+                                                    on_plan=on_plan)
+    assert policy.cpu_blocks_used() == 0
     assert policy.blocks.free_cpu_blocks == policy.limits.num_cpu_blocks
     return run
-
-
-def req(id: str, prompt: int, seq: int = 0) -> Request:
-    return Request(id, arrival_s=float(seq), prompt_tokens=prompt, max_tokens=10_000, seq=seq)
 
 
 def batches(run: Run) -> list[list[tuple[str, int, int]]]:

@@ -2,34 +2,33 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from sim.cli import app
+from sim.commands import _search as shared
 
 
 @app.command("capacity")
 def capacity_cmd(
-    scenario: Path = typer.Argument(..., help="scenario YAML file (with an slo: section)"),
+    scenario: shared.ScenarioArg,
     tolerance: float = typer.Option(0.02, "--tolerance", help="relative precision of the answer (0.02 = 2 %)"),
-    policy: list[str] = typer.Option(None, "--policy", "-p", help="only this policy label (repeatable)"),
+    policy: shared.PolicyOpt = None,
     json_out: Path = typer.Option(None, "--json", help="also write the results (with every probe) to this JSON file"),
-    set_: list[str] = typer.Option(None, "--set", help="override a field: a.b.c=value"),
-    workers: int = typer.Option(None, "--workers", "-j", help="policies searched in parallel (default: min(policies, CPUs))"),
-    backend: str = typer.Option("local", "--backend", help="local or ray"),
-    ray_address: str = typer.Option(None, "--ray-address", help="an existing Ray cluster (with --backend ray)"),
+    set_: shared.SetOpt = None,
+    workers: int = shared.workers_option("searched"),
+    backend: shared.BackendOpt = "local",
+    ray_address: shared.RayAddressOpt = None,
 ):
     """Find each policy's capacity: bracketing and bisection over the arrival rate, to --tolerance."""
     from rich.console import Console
     from rich.table import Table
 
     from sim.capacity import capacity
-    from sim.scenario import load_scenario
 
     console = Console()
-    scn = load_scenario(scenario, list(set_ or []))
+    scn = shared.load(scenario, set_)
     with console.status(f"searching capacity to ±{tolerance:.1%} ..."):
         results = capacity(scn, policies=policy or None, tolerance=tolerance, workers=workers,
                            backend=backend, ray_address=ray_address)
@@ -57,9 +56,5 @@ def capacity_cmd(
                   highlight=False)
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"scenario": scn.name, "tolerance": tolerance,
-                   "policies": {k: v.to_dict() for k, v in results.items()}}
-        json_out.write_text(json.dumps(payload, indent=2) + "\n")
-        console.print(f"results: {json_out}", highlight=False)
+    shared.write_json(console, json_out, {"scenario": scn.name, "tolerance": tolerance,
+                                          "policies": {k: v.to_dict() for k, v in results.items()}})

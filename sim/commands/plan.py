@@ -2,35 +2,34 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from sim.cli import app
+from sim.commands import _search as shared
 
 
 @app.command("plan")
 def plan_cmd(
-    scenario: Path = typer.Argument(..., help="scenario YAML file (with an slo: section)"),
+    scenario: shared.ScenarioArg,
     target_rate: float = typer.Option(..., "--target-rate", "-r", help="peak arrival rate to serve (req/s)"),
     max_replicas: int = typer.Option(64, "--max-replicas", help="give up above this many replicas"),
-    policy: list[str] = typer.Option(None, "--policy", "-p", help="only this policy label (repeatable)"),
+    policy: shared.PolicyOpt = None,
     json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file"),
-    set_: list[str] = typer.Option(None, "--set", help="override a field: a.b.c=value"),
-    workers: int = typer.Option(None, "--workers", "-j", help="policies planned in parallel (default: min(policies, CPUs))"),
-    backend: str = typer.Option("local", "--backend", help="local or ray"),
-    ray_address: str = typer.Option(None, "--ray-address", help="an existing Ray cluster (with --backend ray)"),
+    set_: shared.SetOpt = None,
+    workers: int = shared.workers_option("planned"),
+    backend: shared.BackendOpt = "local",
+    ray_address: shared.RayAddressOpt = None,
 ):
     """Smallest number of replicas (with the scenario's router) meeting the SLO at --target-rate."""
     from rich.console import Console
     from rich.table import Table
 
     from sim.plan import plan
-    from sim.scenario import load_scenario
 
     console = Console()
-    scn = load_scenario(scenario, list(set_ or []))
+    scn = shared.load(scenario, set_)
     with console.status(f"planning for {target_rate:g} req/s ..."):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
                      backend=backend, ray_address=ray_address)
@@ -58,9 +57,5 @@ def plan_cmd(
     console.print(f"replicas = fewest meeting the SLO (one fewer was simulated too, and violates it). GPUs = replicas × "
                   f"hardware.count; cost = GPUs × cost_per_gpu_hour for each hour at {target_rate:g} req/s"
                   + ("" if price is not None else " (set cost_per_gpu_hour for money figures)"), highlight=False)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"scenario": scn.name, "target_rate_rps": target_rate,
-                   "policies": {k: v.to_dict() for k, v in plans.items()}}
-        json_out.write_text(json.dumps(payload, indent=2) + "\n")
-        console.print(f"results: {json_out}", highlight=False)
+    shared.write_json(console, json_out, {"scenario": scn.name, "target_rate_rps": target_rate,
+                                          "policies": {k: v.to_dict() for k, v in plans.items()}})

@@ -160,7 +160,7 @@ def test_cli_without_torch_says_how_to_install_it(tmp_path, monkeypatch):
     assert done.returncode == 2 and "calib extra" in done.stderr and "Traceback" not in done.stderr
     done = run_cbsim("validate", str(SCENARIO), "--device", "cpu", block_torch=True)
     assert done.returncode == 2 and "calib extra" in done.stderr and "Traceback" not in done.stderr
-    from sim.commands.calibrate import require_torch
+    from calib.device import require_torch
     from sim.errors import CbsimError
 
     monkeypatch.setitem(sys.modules, "torch", None)

@@ -77,33 +77,6 @@ def calibrate_cmd(
         threads=threads, seed=seed, quiet=quiet, time_budget=time_budget)
 
 
-def require_torch(device: str) -> None:
-    """torch is needed for a device: a clear error (naming the fix) when it is missing."""
-    from sim.errors import CbsimError, nearest
-
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise CbsimError(f"--device must be cpu or cuda, got {device!r}{nearest(device, ('cpu', 'cuda'))}")
-    try:
-        import torch
-    except ImportError:
-        raise CbsimError("measuring on a device needs torch, which is not installed: install cbsim's calib extra, "
-                         "`pip install -e .[calib]` (the simulator itself runs without it)") from None
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise CbsimError("--device cuda but torch sees no CUDA device (a CPU-only torch build, or no GPU); use "
-                         "--device cpu")
-
-
-def set_threads(device: str, threads: int) -> None:
-    from sim.errors import CbsimError
-
-    if threads < 1:
-        raise CbsimError(f"--threads must be at least 1, got {threads}")
-    if device == "cpu":
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 class DeviceProgress:
     """A rich progress bar fed with (phase, done, total)."""
 
@@ -142,6 +115,7 @@ def calibrate_on_device(out: Path, *, model: str, device: str, tp: int, dtype: s
                         seed: int, quiet: bool, time_budget: float | None = None) -> None:
     from rich.console import Console
 
+    from calib.device import require_torch, set_threads
     from sim.errors import CbsimError
     from sim.models import get_model
 

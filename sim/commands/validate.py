@@ -62,7 +62,8 @@ def validate_cmd(
 
 def validate_scenario_run(scenario: Path, *, device: str, table: Path | None, policy: str | None, overrides,
                           out: Path | None, threads: int, quiet: bool) -> dict:
-    from sim.commands.calibrate import DeviceProgress, require_torch, set_threads
+    from calib.device import require_torch, set_threads
+    from sim.commands.calibrate import DeviceProgress
     from sim.errors import CbsimError
 
     if not scenario.exists():

@@ -274,7 +274,8 @@ def fast_step_shape(plan: StepPlan) -> StepShape:
     kv_read = total_ctx + sum(nn) + plan.padding_context
     return StepShape(num_tokens=prefill_tokens + decodes + plan.padding_tokens, num_seqs=len(plan.scheduled),
                      prefill_tokens=prefill_tokens, decode_tokens=decodes, prefill_attn=prefill_attn,
-                     decode_ctx=total_ctx - prefill_ctx + decodes + plan.padding_context, kv_tokens_read=kv_read)
+                     decode_ctx=total_ctx - prefill_ctx + decodes + plan.padding_context, kv_tokens_read=kv_read,
+                     padding_tokens=plan.padding_tokens, padding_ctx=plan.padding_context)
 
 
 class DecodePricer:

@@ -48,6 +48,12 @@ class RunResult:
                 return lambda *a, **k: fn(self, *a, **k)
         raise AttributeError(name)
 
+    def __dir__(self):
+        """List the forwarded ``plot_*`` methods too, so tab completion and ``dir()`` find them."""
+        from sim import plots
+
+        return sorted(set(super().__dir__()) | {n for n in plots.__all__ if n.startswith("plot_")})
+
     # --- disk ---------------------------------------------------------------------------------
     @staticmethod
     def check_target(out_dir: str | Path) -> Path:

@@ -611,7 +611,17 @@ class Scenario(BaseModel):
         if self.workload.requests is not None:
             for key in ("arrival", "prompt_tokens", "output_tokens", "trace", "prefix"):
                 data["workload"].pop(key)
+        # files the scenario names, as absolute paths: a saved scenario.yaml re-runs from anywhere
+        trace = data["workload"].get("trace")
+        if trace and trace.get("path"):
+            trace["path"] = self._absolute(trace["path"])
+        if data["latency"].get("path"):
+            data["latency"]["path"] = self._absolute(data["latency"]["path"])
         return data
+
+    def _absolute(self, path: str) -> str:
+        resolved = self.resolve_path(path)
+        return str(resolved.resolve()) if resolved.exists() else path
 
     def to_yaml(self) -> str:
         """The resolved scenario (every default filled in) as YAML that loads back to itself."""

@@ -137,5 +137,6 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         "swapped_blocks": int(steps["swap_out_blocks"].sum()) if len(steps) else 0,
         "max_running": int(steps["running"].max()) if len(steps) else 0,
         "mean_running": weighted_mean(steps["running"].astype(float), dur) if len(steps) else None,
+        "mean_batch": weighted_mean(steps["num_seqs"].astype(float), dur) if len(steps) else None,
     }
     return summary

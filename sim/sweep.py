@@ -353,7 +353,7 @@ def sweep(scenario, points: Sequence[Point], out_dir, overrides: Iterable[str] =
     result = SweepResult(table, out, ran=len(unique_todo), skipped=len(points) - len(todo), points=list(points))
     if plot and len(table):
         result.plot = write_plot(table, base.slo, out, estimate_capacity(table),
-                                 f"latency versus load: {base.name} (capacity marked: highest swept rate meeting the SLO)")
+                                 f"Latency versus load: {base.name} (capacity marked: highest swept rate meeting the SLO)")
     return result
 
 
@@ -457,7 +457,7 @@ def plot_latency_vs_load(table: pd.DataFrame, slo=None, capacity: dict[str, floa
             a.set_ylabel(f"{name} (ms, log scale)")
             a.set_title(f"{name}: p50 dashed, p99 solid")
         axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.suptitle(title or "latency versus load")
+        fig.suptitle(title or "Latency versus load")
     return fig
 
 

@@ -75,3 +75,23 @@ def test_rejects_requests_that_can_never_fit():
     big = requests.set_index("id").loc["big"]
     assert big["state"] == "rejected" and "KV pool" in big["reason"]
     assert summary["requests_finished"] == 2
+
+
+def test_mfu_counts_useful_flops_not_static_padding():
+    """Padding costs a static batch time but is not utilization (MFU as PaLM defines it)."""
+    from policies.base import StepPlan
+    from sim.latency.base import step_shape
+    from sim.latency.roofline import RooflineLatency
+    from tests.helpers import FAKE_GPU, FAKE_MODEL
+
+    lat = RooflineLatency(FAKE_MODEL, FAKE_GPU, 1, 16)
+    useful, padded = StepPlan(), StepPlan()
+    for plan in (useful, padded):
+        plan.add(Request("a", 0.0, 8, 8), 1, 40)
+        plan.add(Request("b", 0.0, 8, 8), 1, 30)
+    padded.padding_tokens, padded.padding_context = 3, 90
+    t_useful, f_useful, _ = lat.price(step_shape(useful), useful)
+    t_padded, f_padded, _ = lat.price(step_shape(padded), padded)
+    assert f_padded == pytest.approx(f_useful, rel=1e-12)
+    hw_flops, _ = lat.step_flops_bytes(step_shape(padded))
+    assert hw_flops > f_useful and t_padded >= t_useful

@@ -45,7 +45,7 @@ def comparison_table(result):
         ("slot utilization", lambda s: _pct(s["utilization"]["slots"])),
         ("KV utilization", lambda s: _pct(s["utilization"]["kv"])),
         ("KV waste (reserved, unused)", lambda s: _pct(s["kv_waste"])),
-        ("mean running", lambda s: _fmt(s["mean_running"])),
+        ("mean batch (sequences per step)", lambda s: _fmt(s["mean_batch"])),
         ("MFU / MBU", lambda s: f"{_pct(s['utilization']['mfu'])} / {_pct(s['utilization']['mbu'])}"),
         ("preemptions", lambda s: str(s["preemptions"])),
         ("swapped blocks", lambda s: str(s["swapped_blocks"])),
@@ -126,12 +126,13 @@ def run_cmd(
         from sim.kv_capacity import resolve_kv
         from sim.workload import build_workload, workload_stats
 
-        console.print(scn.to_yaml(), highlight=False, markup=False)
+        # soft_wrap: never re-wrap the YAML at the terminal width (it must stay copy-pasteable)
+        console.print(scn.to_yaml(), highlight=False, markup=False, soft_wrap=True)
         stats = workload_stats(build_workload(scn))
         gpu_blocks, cpu_blocks = resolve_kv(scn)
         console.print("[bold]workload[/]")
         for k, v in stats.items():
-            console.print(f"  {k}: {v}", highlight=False)
+            console.print(f"  {k}: {v}", highlight=False, soft_wrap=True)
         console.print(f"[bold]KV cache[/]: {gpu_blocks} GPU blocks of {scn.engine.block_size} tokens, "
                       f"{cpu_blocks} CPU swap blocks", highlight=False)
         return

@@ -50,7 +50,7 @@ def sweep_table(table, scn):
     for c in extra:
         t.add_column(c, justify="right")
     t.add_column("policy")
-    for c in ("TTFT p50/p99 (ms)", "TPOT p50/p99 (ms)", "throughput", "goodput", "meets SLO"):
+    for c in ("TTFT p50/p99 (ms)", "TPOT p50/p99 (ms)", "throughput (req/s)", "goodput (req/s)", "meets SLO"):
         t.add_column(c, justify="right")
     for _, row in table.iterrows():
         t.add_row(*[_fmt(row[c]) for c in extra], str(row["policy"]),
@@ -68,8 +68,17 @@ def _bool(v):
 def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "-"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return _readable(v) if isinstance(v, float) else str(v)
 
 
 def _ms(v) -> str:
-    return "-" if v is None or v != v else f"{v * 1e3:.4g}"
+    return "-" if v is None or v != v else _readable(v * 1e3)
+
+
+def _readable(x: float) -> str:
+    """As `cbsim run` prints numbers: no exponents (a 100 s TTFT reads 100,000, not 1e+05)."""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.4g}"

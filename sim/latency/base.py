@@ -22,6 +22,8 @@ class StepShape:
     prefill_attn: float  # sum over prefill chunks of n * (context + (n + 1) / 2): query-key pairs
     decode_ctx: int  # sum over decodes of the keys each decode token reads (context + 1)
     kv_tokens_read: int  # every cached token attention reads, prefill context included
+    padding_tokens: int = 0  # static batching's dummy tokens (in num_tokens too)
+    padding_ctx: int = 0  # the context those dummies attend to (in decode_ctx too)
 
 
 def step_shape(plan: StepPlan) -> StepShape:
@@ -44,6 +46,8 @@ def step_shape(plan: StepPlan) -> StepShape:
         prefill_attn=prefill_attn,
         decode_ctx=decode_ctx + plan.padding_context,
         kv_tokens_read=kv_read + plan.padding_context,
+        padding_tokens=plan.padding_tokens,
+        padding_ctx=plan.padding_context,
     )
 
 
@@ -79,6 +83,13 @@ class LatencyModel:
         return blocks * self.kv_bytes_per_block / self.gpu.pcie_bandwidth
 
     # --- cost accounting for utilization (same physics for every backend) -------------------
+    def useful_flops(self, shape: StepShape, flops: float) -> float:
+        """The FLOPs MFU counts: the model's useful work (PaLM's definition), so the padding a
+        static batch computes costs time but is not counted as utilization."""
+        if not shape.padding_tokens:
+            return flops
+        return flops - self._flops_per_token * shape.padding_tokens - self._attn_flops_per_pair * shape.padding_ctx
+
     def step_flops_bytes(self, shape: StepShape) -> tuple[float, float]:
         """FLOPs and HBM bytes of one step on one GPU (a TP shard)."""
         n = shape.num_tokens

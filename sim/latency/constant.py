@@ -17,4 +17,4 @@ class ConstantLatency(LatencyModel):
 
     def price(self, shape, plan=None):
         flops, bytes_ = self.step_flops_bytes(shape)
-        return self.step_s, flops, bytes_
+        return self.step_s, self.useful_flops(shape, flops), bytes_

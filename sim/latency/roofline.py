@@ -37,4 +37,5 @@ class RooflineLatency(LatencyModel):
 
     def price(self, shape, plan=None):
         flops, bytes_ = self.step_flops_bytes(shape)
-        return max(flops / self.compute_rate, bytes_ / self.memory_rate) + self.overhead_s, flops, bytes_
+        t = max(flops / self.compute_rate, bytes_ / self.memory_rate) + self.overhead_s
+        return t, self.useful_flops(shape, flops), bytes_

@@ -84,7 +84,7 @@ class TableLatency(LatencyModel):
         if b:
             t += self._dec(b, ctx / b)
         flops, bytes_ = self.step_flops_bytes(shape)
-        return t, flops, bytes_
+        return t, self.useful_flops(shape, flops), bytes_
 
     def price_decodes(self, num_seqs: int, context: int, k: int):
         """(seconds, FLOPs, bytes) arrays of ``k`` consecutive pure-decode steps of ``num_seqs``

@@ -74,3 +74,21 @@ def test_memory_pressure_recompute_vs_swap():
     moved = swap_steps["swap_out_blocks"] + swap_steps["swap_in_blocks"]
     assert charged.to_numpy() == pytest.approx((moved * per_block).to_numpy(), rel=1e-12)
     assert (swap_steps["duration_s"] > charged).all()
+
+
+def test_dry_run_prints_the_resolved_scenario_and_workload_without_simulating(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", "from sim.cli import main; main()", "run", str(REPO / "scenarios/quickstart.yaml"),
+         "--dry-run", "--set", "workload.arrival.rate=12", "--out", str(tmp_path / "never")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import yaml
+
+    # the resolved YAML comes first, then a bare "workload" line heads the statistics
+    scenario_text, _, stats = proc.stdout.partition("\nworkload\n")
+    resolved = yaml.safe_load(scenario_text)
+    assert resolved["workload"]["arrival"]["rate"] == 12
+    assert resolved["engine"]["block_size"] == 16  # defaults are filled in
+    assert "mean_rate_rps" in stats and "GPU blocks" in stats
+    assert not (tmp_path / "never").exists()

@@ -85,10 +85,12 @@ def backlog_notes(result) -> list[str]:
         if s["requests_unfinished"]:
             counts = s.get("unfinished_reasons", {})
             end = s.get("end_s")
-            words = {"horizon": f"horizon_s ({_fmt(end)} s) reached" if end is not None else "horizon reached",
-                     "time_cap": f"default time cap ({_fmt(end)} s) reached" if end is not None else "time cap",
+            words = {"horizon": f"when horizon_s ({_fmt(end)} s) was reached" if end is not None else "at the horizon",
+                     "time_cap": f"when the default time cap ({_fmt(end)} s) was reached" if end is not None
+                     else "at the default time cap",
                      "stuck": "stuck: the policy could not schedule them"}
-            why = "; ".join(f"{n} {words.get(k, k)}" for k, n in counts.items() if n)
+            why = "; ".join(f"{n} still held {words[k]}" if k in ("horizon", "time_cap") else f"{n} {words.get(k, k)}"
+                            for k, n in counts.items() if n)
             b = s.get("backlog", {})
             left = (f" (queued {b['queued']}, running {b['running']}, not arrived {b['not_arrived']})"
                     if b else "")

@@ -72,7 +72,7 @@ def test_overload_without_a_horizon_stops_at_the_default_time_cap():
     reasons = set(result.requests.loc[result.requests["state"] == "unfinished", "reason"])
     assert reasons == {f"simulated-time cap of {cap:,.0f} s reached"}
     notes = backlog_notes(result)
-    assert notes[0].startswith("vllm-v1: ") and f"default time cap ({cap:,.0f} s) reached" in notes[0]
+    assert notes[0].startswith("vllm-v1: ") and f"default time cap ({cap:,.0f} s) was reached" in notes[0]
     assert notes[-1].startswith("(horizon_s is null, so simulated time stops at the last arrival + max(3600 s")
     table = rendered(comparison_table(result))
     assert "│ ended " in table and "│ backlog: queued / running / not arrived " in table

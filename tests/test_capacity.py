@@ -172,3 +172,17 @@ def test_plan_cli_prints_replicas_and_cost(tmp_path):
     assert "GPUs = replicas × hardware.count" in r.output
     r = cli("plan", str(path), "--target-rate", "0")
     assert isinstance(r.exception, CbsimError) and "--target-rate" in str(r.exception)
+
+
+def test_plan_warns_when_each_replica_sees_too_few_requests(repo):
+    from types import SimpleNamespace
+
+    from sim.commands.plan import short_run_notes
+    from sim.scenario import load_scenario
+
+    scn = load_scenario(repo / "scenarios/capacity.yaml", ["workload.num_requests=100"])
+    notes = short_run_notes(scn, {"v1": SimpleNamespace(replicas=5)}, 20.0)
+    assert len(notes) == 1 and "about 20 requests" in notes[0] and "num_requests" in notes[0]
+    assert short_run_notes(scn, {"v1": SimpleNamespace(replicas=1)}, 20.0) == []
+    scn = load_scenario(repo / "scenarios/capacity.yaml", ["workload.num_requests=2000"])
+    assert short_run_notes(scn, {"v1": SimpleNamespace(replicas=5)}, 20.0) == []

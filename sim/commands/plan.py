@@ -54,8 +54,31 @@ def plan_cmd(
             row += [f"{s['ttft_s']['p99']:.3g}", f"{s['tpot_s']['p99'] * 1e3:.3g}"]
         t.add_row(*row, str(p.runs))
     console.print(t)
+    for n in short_run_notes(scn, plans, target_rate):
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
     console.print(f"replicas = fewest meeting the SLO (one fewer was simulated too, and violates it). GPUs = replicas × "
                   f"hardware.count; cost = GPUs × cost_per_gpu_hour for each hour at {target_rate:g} req/s"
                   + ("" if price is not None else " (set cost_per_gpu_hour for money figures)"), highlight=False)
     shared.write_json(console, json_out, {"scenario": scn.name, "target_rate_rps": target_rate,
                                           "policies": {k: v.to_dict() for k, v in plans.items()}})
+
+
+def short_run_notes(scn, plans, target_rate: float) -> list[str]:
+    """Say when each replica sees too few requests for one replica fewer to show its overload
+    (the finite-run caveat of sim.capacity, with the load step of removing one replica)."""
+    from sim.capacity import min_requests
+    from sim.workload import build_workload
+
+    notes = []
+    total = len(build_workload(scn))
+    for label, p in plans.items():
+        if not p.replicas or p.replicas < 2:
+            continue
+        per_replica = total / p.replicas
+        step = 1 / (p.replicas - 1)  # load added per replica when one is removed
+        need = min_requests(scn.slo, target_rate / (p.replicas - 1), step)
+        if need is not None and per_replica < need:
+            notes.append(f"{label}: each of the {p.replicas} replicas sees about {per_replica:.0f} requests; "
+                         f"{p.replicas - 1} replicas need about {need} each to show their overload, so the "
+                         "answer may be too low: raise workload.num_requests")
+    return notes

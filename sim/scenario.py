@@ -7,7 +7,8 @@ Values are checked strictly: ``block_size: "16"`` is an error, not a silent conv
 
 A mistake becomes one :class:`sim.errors.ScenarioError` whose message names the file, the key
 path (``engine.max_num_seqs``, ``policies.1.batch_size``), what was expected and the nearest
-valid key, instead of pydantic's multi-line report.
+valid key, instead of pydantic's multi-line report (``sim.scenario_errors`` writes it; the key
+table comes from ``sim.scenario_docs``).
 
 Policy entries are open-ended: besides ``name`` and ``label`` an entry takes the knobs its policy
 declares (``policies.registry.POLICIES[name].KNOBS``), looked up when the scenario is validated.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -30,11 +31,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticUndefined
 
 from sim.errors import CbsimError, ScenarioError, nearest
 from sim.kv_capacity import MAX_KV_BLOCKS
 from sim.overrides import StrictLoader, apply_overrides
+from sim.scenario_errors import KeyedError, format_validation_error, show_value
 
 GIB = 1 << 30
 
@@ -44,19 +45,6 @@ def policy_registry() -> dict:
     from policies.registry import POLICIES
 
     return POLICIES
-
-
-class KeyedError(ValueError):
-    """A validation error about one key of the section being validated (``key`` may be dotted).
-
-    ``unknown=True``: the key itself is not allowed; the message then continues
-    "unknown key 'a.b.key'" (e.g. " for policy 'orca'; allowed keys: ...").
-    """
-
-    def __init__(self, key: str, message: str, unknown: bool = False) -> None:
-        super().__init__(message)
-        self.key = key
-        self.unknown = unknown
 
 
 def _cfg(**extra: Any) -> ConfigDict:
@@ -472,7 +460,7 @@ def _knob_type_problem(knob, value) -> str | None:
         ok = isinstance(value, kind)
     else:
         ok = True
-    return None if ok else f"expected {_type_word(kind)}, got {_show(value)}"
+    return None if ok else f"expected {_type_word(kind)}, got {show_value(value)}"
 
 
 def _type_word(kind) -> str:
@@ -630,14 +618,16 @@ class Scenario(BaseModel):
     @classmethod
     def field_docs(cls) -> list[dict[str, str]]:
         """Every key (dotted, ``N`` for a list index) with its type, default and description."""
-        return _field_docs(cls, "")
+        from sim.scenario_docs import field_docs
+
+        return field_docs(cls)
 
     @classmethod
     def field_docs_markdown(cls) -> str:
-        rows = ["| key | type | default | description |", "|---|---|---|---|"]
-        for d in cls.field_docs():
-            rows.append(f"| `{d['key']}` | {d['type']} | {d['default']} | {d['description']} |")
-        return "\n".join(rows)
+        """:meth:`field_docs` as a markdown table (``sim.scenario_docs``)."""
+        from sim.scenario_docs import field_docs_markdown
+
+        return field_docs_markdown(cls)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -705,206 +695,3 @@ def read_yaml(path: str | Path) -> dict:
         raise ScenarioError(f"{path}: a scenario is a mapping of keys (name:, model:, workload:, ...), "
                             f"got a {type(data).__name__}")
     return data
-
-
-# ------------------------------------------------------------------------------------------------
-# pydantic errors -> one readable message
-# ------------------------------------------------------------------------------------------------
-_TYPE_WORDS = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
-    "bool_type": "true or false", "bool_parsing": "true or false",
-    "string_type": "a string", "model_type": "a mapping (key: value)", "dict_type": "a mapping (key: value)",
-    "model_attributes_type": "a mapping (key: value)", "list_type": "a list", "tuple_type": "a list",
-}
-_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
-
-
-def format_validation_error(exc: ValidationError, where: str | None = None, overrides=()) -> str:
-    """One line (or a few joined by '; ') that names each bad key path and the fix."""
-    found: list[tuple[str, str | None]] = []  # (key path, message naming it), in pydantic's order
-    type_errors: dict[str, list[tuple[str, Any]]] = {}
-    for err in exc.errors(include_url=False):
-        path, section = _walk(err["loc"])
-        typ, ctx = err["type"], err.get("ctx") or {}
-        cause = ctx.get("error")
-        if typ == "value_error" and isinstance(cause, KeyedError):
-            path = f"{path}.{cause.key}" if path else cause.key
-            found.append((path, f"unknown key {path!r}{cause}" if cause.unknown else f"{path}: {cause}"))
-        elif typ in _TYPE_WORDS:
-            if path not in type_errors:
-                found.append((path, None))  # placeholder: the branches of a union are merged below
-            type_errors.setdefault(path, []).append((_TYPE_WORDS[typ], err.get("input")))
-        else:
-            msg = _describe(err, path, section)
-            found.append((path, msg if typ == "extra_forbidden" or not path else f"{path}: {msg}"))
-    for i, (path, text) in enumerate(found):
-        if text is not None:
-            continue
-        if any((p == path or p.startswith(path + ".")) and t is not None for p, t in found):
-            continue  # another branch of a union reports the real problem (an inline model's key)
-        kinds = type_errors[path]
-        words = " or ".join(dict.fromkeys(w for w, _ in kinds))
-        found[i] = (path, f"{path}: expected {words}, got {_show(kinds[0][1])}")
-    found = [(p, t) for p, t in found if t is not None]
-    messages = list(dict.fromkeys(text + _from_override(path, overrides) for path, text in found))
-    if len(messages) > 5:
-        messages = messages[:5] + [f"and {len(messages) - 5} more"]
-    prefix = f"{where}: " if where else ""
-    return prefix + "; ".join(messages)
-
-
-def _from_override(path: str, overrides) -> str:
-    for item in overrides:
-        key = item.partition("=")[0].strip()
-        if path == key or path.startswith(key + ".") or key.startswith(path + ".") and path:
-            return f" (from --set {item})"
-    return ""
-
-
-def _describe(err: dict, path: str, section: type | None) -> str:
-    typ, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
-    if typ == "extra_forbidden":
-        key = path.rsplit(".", 1)[-1]
-        allowed = list(section.model_fields) if section is not None else []
-        return (f"unknown key {path!r}{nearest(key, allowed)}; allowed keys: {', '.join(allowed)}"
-                if allowed else f"unknown key {path!r}")
-    if typ == "missing":
-        return "required key is missing"
-    if typ == "literal_error":
-        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
-        return f"expected one of {', '.join(choices)}, got {_show(value)}{nearest(str(value), choices)}"
-    if typ in _BOUNDS:
-        bound = next(iter(ctx.values()), "?")
-        return f"must be {_BOUNDS[typ]} {bound}, got {_show(value)}"
-    if typ in ("too_short", "too_long"):
-        return f"{err['msg'].lower()}"
-    if typ == "value_error":
-        return str(ctx.get("error", err["msg"]))
-    return f"{err['msg']} (got {_show(value)})"
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        text = repr(value)
-        return text if len(text) <= 40 else "a list"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
-
-
-def _walk(loc: tuple) -> tuple[str, type | None]:
-    """Turn pydantic's error location into our dotted key path (union branch tags such as
-    'ModelSpecConfig' dropped). Returns (path, the model class that holds the last key)."""
-    parts: list[str] = []
-    ann: Any = Scenario
-    holder: type | None = None
-    for el in loc:
-        ann = _strip(ann)
-        if isinstance(el, int):
-            parts.append(str(el))
-            args = get_args(ann)
-            ann = args[0] if get_origin(ann) is list and args else None
-            continue
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            holder = ann
-            field = ann.model_fields.get(el)
-            parts.append(str(el))
-            ann = field.annotation if field is not None else None
-            continue
-        members = _union_members(ann)
-        match = next((m for m in members if _is_tag_of(str(el), m)), None)
-        if match is not None:
-            ann = match
-            continue
-        parts.append(str(el))
-        ann = None
-    return ".".join(parts), holder
-
-
-def _is_tag_of(tag: str, member: Any) -> bool:
-    """pydantic names a union branch by its type: 'str', 'ModelSpecConfig', or for a model with
-    validators 'function-after[_check(), ModelSpecConfig]'."""
-    name = getattr(member, "__name__", None)
-    return bool(name) and (tag == name or re.search(rf"\b{re.escape(name)}\]?$", tag) is not None)
-
-
-def _strip(ann: Any) -> Any:
-    """``X | None`` -> X, ``Annotated[X, ...]`` -> X."""
-    while True:
-        if get_origin(ann) is Annotated:
-            ann = get_args(ann)[0]
-            continue
-        members = _union_members(ann)
-        real = [m for m in members if m is not type(None)]
-        if members and len(real) == 1:
-            ann = real[0]
-            continue
-        return ann
-
-
-def _union_members(ann: Any) -> tuple:
-    import types
-
-    if get_origin(ann) in (Union, types.UnionType):
-        return get_args(ann)
-    return ()
-
-
-# ------------------------------------------------------------------------------------------------
-# documentation of every key
-# ------------------------------------------------------------------------------------------------
-def _field_docs(cls: type[BaseModel], prefix: str) -> list[dict[str, str]]:
-    rows = []
-    for name, field in cls.model_fields.items():
-        key = f"{prefix}{name}"
-        ann = _strip(field.annotation)
-        if field.default is not PydanticUndefined:
-            default = field.default
-        elif field.default_factory is ann:
-            default = "(section)"
-        elif field.default_factory is not None:
-            default = field.default_factory()
-        else:
-            default = "required"
-        if isinstance(default, BaseModel):
-            default = default.model_dump(mode="json", exclude_none=True)
-        default_text = default if default in ("required", "(section)") else yaml.safe_dump(
-            default, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
-        rows.append({"key": key, "type": _type_name(field.annotation), "default": default_text,
-                     "description": field.description or ""})
-        for sub, sub_prefix in _sub_models(ann, key):
-            rows.extend(_field_docs(sub, sub_prefix))
-    if cls is PolicyEntry:
-        rows.append({"key": f"{prefix}<knob>", "type": "per policy", "default": "the policy's own",
-                     "description": "any knob of the named policy (`cbsim policies` lists them)"})
-    return rows
-
-
-def _sub_models(ann: Any, key: str) -> list[tuple[type[BaseModel], str]]:
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return [(ann, f"{key}.")]
-    if get_origin(ann) is list:
-        inner = _strip(get_args(ann)[0])
-        if isinstance(inner, type) and issubclass(inner, BaseModel):
-            return [(inner, f"{key}.N.")]
-    return [(m, f"{key}.") for m in _union_members(ann) if isinstance(m, type) and issubclass(m, BaseModel)]
-
-
-def _type_name(ann: Any) -> str:
-    if get_origin(ann) is Literal:
-        return " \\| ".join(str(a) for a in get_args(ann))
-    members = _union_members(ann)
-    if members:
-        return " \\| ".join(_type_name(m) for m in members)
-    if get_origin(ann) is list:
-        return f"list of {_type_name(get_args(ann)[0])}"
-    if ann is type(None):
-        return "null"
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return "mapping" if ann is not ModelSpecConfig else "inline model"
-    return getattr(ann, "__name__", str(ann))

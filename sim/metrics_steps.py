@@ -1,0 +1,171 @@
+"""Per-step records: the step table's columns and each replica's rows, kept as typed arrays.
+
+Why a module of its own: the engine appends one row per step (and batches of pure-decode rows
+at once) on its hot path, so a replica's rows are ``array`` columns of 8-byte values, never
+Python objects or DataFrames; turning them into the ``steps`` frame, merged over replicas in the
+order the steps ended, happens once at the end. Column layout and merge live here together.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+from policies.base import StepPlan
+
+STEP_COLUMNS = (
+    "replica",
+    "step",
+    "start_s",
+    "duration_s",
+    "running",
+    "waiting",
+    "num_seqs",
+    "prefill_tokens",
+    "decode_tokens",
+    "batch_tokens",
+    "padding_tokens",
+    "admitted",
+    "finished",
+    "preempted",
+    "rejected",
+    "swap_out_blocks",
+    "swap_in_blocks",
+    "kv_blocks_used",
+    "cpu_blocks_used",
+    "kv_reserved_tokens",
+    "kv_used_tokens",
+    "flops",
+    "bytes",
+    "swap_s",  # of duration_s, the time charged for swapping KV blocks over PCIe
+)
+# columns a replica stores per step (``replica`` and ``step`` are added when frames are built)
+STORED_COLUMNS = STEP_COLUMNS[2:]
+_FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes", "swap_s")
+_MAYBE_INT = ("flops", "bytes")  # int64 in the frame if every value was an integer
+_EXACT_INT_FLOAT = 2**53
+
+
+def _raw(values) -> np.ndarray:
+    """float64 values as raw bytes for ``array('d').frombytes``."""
+    return np.ascontiguousarray(values, dtype=np.float64).view(np.uint8)
+
+
+class ReplicaSteps:
+    """One replica's step rows: a typed column per stored field, and each step's end time."""
+
+    def __init__(self, replica: int) -> None:
+        self.replica = replica
+        self.columns = {c: array("d" if c in _FLOAT_COLUMNS else "q") for c in STORED_COLUMNS}
+        self.ends = array("d")  # the clock when each step ended: the time of its tokens
+        self.all_int = {c: True for c in _MAYBE_INT}
+        cols = self.columns
+        self._append = tuple(cols[c].append for c in STORED_COLUMNS[:-3])
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def append(self, end: float, start: float, duration: float, policy, shape, plan: StepPlan,
+               n_finished: int, flops, bytes_, swap_s: float = 0.0) -> None:
+        """One step's row: its times, its shape and plan, and the policy's figures after it
+        (after ``finish_step``)."""
+        reserved, used = policy.kv_tokens_reserved_and_used()
+        (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
+         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used) = self._append
+        a_start(start)
+        a_dur(duration)
+        a_run(policy.num_running)
+        a_wait(policy.num_waiting)
+        a_seqs(shape.num_seqs)
+        a_pre(shape.prefill_tokens)
+        a_dec(shape.decode_tokens)
+        a_tok(shape.num_tokens)
+        a_pad(plan.padding_tokens)
+        a_adm(len(plan.admitted))
+        a_fin(n_finished)
+        a_pree(len(plan.preempted))
+        a_rej(len(plan.rejected))
+        a_so(plan.swap_out_blocks)
+        a_si(plan.swap_in_blocks)
+        a_kv(policy.kv_blocks_used())
+        a_cpu(policy.cpu_blocks_used())
+        a_res(reserved)
+        a_used(used)
+        self._add_maybe_int("flops", flops)
+        self._add_maybe_int("bytes", bytes_)
+        self.columns["swap_s"].append(swap_s)
+        self.ends.append(end)
+
+    def _add_maybe_int(self, name: str, value) -> None:
+        if self.all_int[name] and isinstance(value, float):
+            self.all_int[name] = False
+        self.columns[name].append(value)
+
+    def extend_decodes(self, times: np.ndarray, durations: np.ndarray, running: int, waiting: int,
+                       num_seqs: int, kv_blocks_used, cpu_blocks_used: int, reserved, used,
+                       flops: np.ndarray, bytes_: np.ndarray, finished: int = 0,
+                       running_after: int | None = None) -> None:
+        """Rows of ``k`` pure-decode steps at once: ``times`` holds the clock before the first
+        step and after each one (``k + 1`` values). ``finished`` requests end in the last step,
+        leaving ``running_after`` running."""
+        k = len(durations)
+        cols = self.columns
+        cols["start_s"].frombytes(_raw(times[:-1]))
+        cols["duration_s"].frombytes(_raw(durations))
+        for name, value in (("running", running), ("waiting", waiting), ("num_seqs", num_seqs),
+                            ("decode_tokens", num_seqs), ("batch_tokens", num_seqs),
+                            ("cpu_blocks_used", cpu_blocks_used)):
+            cols[name].extend(array("q", (value,)) * k)
+        zeros = array("q", (0,)) * k
+        for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
+                     "rejected", "swap_out_blocks", "swap_in_blocks"):
+            cols[name].extend(zeros)
+        if finished:
+            cols["finished"][-1] = finished
+            cols["running"][-1] = running_after
+        cols["swap_s"].extend(array("d", (0.0,)) * k)
+        cols["kv_blocks_used"].extend(kv_blocks_used)
+        cols["kv_reserved_tokens"].extend(reserved)
+        cols["kv_used_tokens"].extend(used)
+        for name, values in (("flops", flops), ("bytes", bytes_)):
+            if values.dtype.kind == "f":
+                self.all_int[name] = False
+            cols[name].frombytes(_raw(values))
+        self.ends.frombytes(_raw(times[1:]))
+
+    def column(self, name: str) -> np.ndarray:
+        values = np.frombuffer(self.columns[name], dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)
+        if name in _MAYBE_INT and self.all_int[name] and (not len(values) or np.abs(values).max() < _EXACT_INT_FLOAT):
+            return values.astype(np.int64)
+        return values
+
+    def end_times(self) -> np.ndarray:
+        return np.frombuffer(self.ends, dtype=np.float64)
+
+
+def merge_steps_frame(replicas) -> pd.DataFrame:
+    """One row per step, every replica's, in the order the steps ended (ties: replica index)."""
+    reps = [s for s in replicas if len(s)]
+    n = sum(len(s) for s in reps)
+    cols: dict[str, np.ndarray] = {}
+    if len(reps) <= 1:
+        rep = reps[0] if reps else None
+        cols["replica"] = np.full(n, rep.replica if rep else 0, dtype=np.int64)
+        cols["step"] = np.arange(n, dtype=np.int64)
+        for name in STORED_COLUMNS:
+            cols[name] = rep.column(name) if rep else np.zeros(0, dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)
+    else:
+        replica = np.concatenate([np.full(len(s), s.replica, dtype=np.int64) for s in reps])
+        order = np.lexsort((replica, np.concatenate([s.end_times() for s in reps])))
+        cols["replica"] = replica[order]
+        cols["step"] = np.arange(n, dtype=np.int64)
+        for name in STORED_COLUMNS:
+            parts = [s.column(name) for s in reps]
+            if name in _MAYBE_INT and len({p.dtype for p in parts}) > 1:
+                parts = [p.astype(np.float64) for p in parts]
+            cols[name] = np.concatenate(parts)[order]
+    # the columns are fresh arrays or views of the replicas' buffers, which no longer change:
+    # no copy (one block per column)
+    return pd.DataFrame(cols, columns=list(STEP_COLUMNS), copy=False)

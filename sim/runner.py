@@ -189,9 +189,9 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
     req_frames, step_frames, summaries, meta = [], [], {}, {}
     bar = _progress(progress, len(specs) * len(entries))
     with bar as tracker:
-        for entry in entries:
+        for i, entry in enumerate(entries):
             label = entry.label or entry.name
-            tick = tracker.ticker(label) if tracker else None
+            tick = tracker.ticker(f"{label} (policy {i + 1} of {len(entries)})") if tracker else None
             requests, steps, summary, m = run_policy(scn, entry, specs, limits, tick)
             if tracker:
                 tracker.flush()
@@ -225,13 +225,13 @@ class _RichProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("requests"), TimeElapsedColumn(), transient=False)
+                                 TextColumn("requests, all policies"), TimeElapsedColumn(), transient=False)
         self.task = None
         self.total = total
 
     def __enter__(self):
         self.progress.__enter__()
-        self.task = self.progress.add_task("simulating", total=self.total)
+        self.task = self.progress.add_task("simulating", total=self.total)  # requests × policies
         return self
 
     def __exit__(self, *exc):

@@ -142,6 +142,8 @@ def run_cmd(
 
     target = RunResult.check_target(out or Path("results") / scn.name)  # refuse before a long run
     result = run(scn, policies=policy or None, progress=not quiet)
+    if not console.is_terminal:  # piped or logged: room for every policy's column, not 80 columns
+        console.width = max(console.width, 40 + 18 * len(result.labels))
     console.print(comparison_table(result))
     for note in backlog_notes(result):
         console.print(f"[yellow]{note}[/]", highlight=False)

@@ -90,10 +90,6 @@ class Request:
         """Prompt plus the tokens generated so far (what a recompute must prefill again)."""
         return self.prompt_tokens + self.num_output_tokens
 
-    @property
-    def is_prefill_done(self) -> bool:
-        return self.num_computed_tokens >= self.num_tokens
-
     def __repr__(self) -> str:
         return f"Request({self.id}, {self.status.value}, computed={self.num_computed_tokens}/{self.num_tokens})"
 

@@ -12,9 +12,6 @@ class ConstantLatency(LatencyModel):
         super().__init__(model, gpu, tensor_parallel, block_size)
         self.step_s = float(step_s)
 
-    def step_time(self, plan) -> float:
-        return self.step_s
-
     def price(self, shape, plan=None):
         flops, bytes_ = self.step_flops_bytes(shape)
         return self.step_s, self.useful_flops(shape, flops), bytes_

@@ -23,8 +23,11 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 run: $(VENV)/.run-installed
 	$(BIN)/cbsim run scenarios/quickstart.yaml --out $(OUT)
 
+# Two phases: everything else on two workers, then the tests that time the CPU (marker `timing`)
+# alone, so a neighbouring worker cannot move what they measure.
 test: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not timing"
+	$(BIN)/python -m pytest -q -p no:xdist -m timing
 
 fuzz: $(VENV)/.test-installed
 	CBSIM_FUZZ_PROFILE=deep $(BIN)/python -m pytest -q tests -k "property or fuzz"

@@ -8,7 +8,6 @@ constant step times so the cap is reached in a few dozen steps.
 from __future__ import annotations
 
 import io
-import time
 import tracemalloc
 
 import pytest
@@ -39,11 +38,11 @@ def _check_counts(s: dict) -> None:
 
 
 def test_overload_ends_at_the_horizon_with_the_backlog_reported():
-    t0 = time.perf_counter()
     result = run(OVERLOAD)
-    assert time.perf_counter() - t0 < 30
     for label, s in result.summaries.items():
         _check_counts(s)
+        # the work is bounded by the horizon, not by the backlog: at most one step per 50 ms of it
+        assert s["steps"] <= 20.0 / 0.05, (label, s["steps"])
         assert s["stopped"] == "horizon" and s["end_s"] == 20.0, label
         assert s["unfinished_reasons"] == {"horizon": s["requests_unfinished"], "time_cap": 0, "stuck": 0}
         assert s["backlog"]["queued"] > 3000, (label, s["backlog"])  # ~40 s of arrivals at 2000/s, few served
@@ -122,8 +121,7 @@ def test_vllm_v1_priority_ties_can_livelock_and_the_cap_ends_it():
         "policies": [{"name": "vllm-v1", "scheduling_policy": "priority", "long_prefill_token_threshold": 1,
                       "scheduler_reserve_full_isl": False, "enable_chunked_prefill": False}],
     }
-    t0 = time.perf_counter()
     s = run(scn).summaries["vllm-v1"]
-    assert time.perf_counter() - t0 < 20
+    assert s["steps"] <= DEFAULT_DRAIN_S / 10.0  # the cap bounds the work: one 10 s step at a time
     assert s["stopped"] == "time cap" and s["end_s"] == DEFAULT_DRAIN_S
     assert s["requests_unfinished"] >= 1 and s["preemptions"] > 10

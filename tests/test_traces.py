@@ -3,8 +3,6 @@ numbers), and the real traces of ../shared/reference/traces/."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from sim.errors import TraceError
@@ -167,10 +165,7 @@ def test_parsed_files_are_cached_until_they_change(tmp_path):
 def test_reference_traces(shared_ref):
     traces = shared_ref / "traces"
     _load_cached.cache_clear()
-    start = time.perf_counter()
-    conv = load_trace(traces / "AzureLLMInferenceTrace_conv.csv")
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"the Azure conversation trace took {elapsed:.2f} s to parse"
+    conv = load_trace(traces / "AzureLLMInferenceTrace_conv.csv")  # its parse speed: bench/sim_speed.py
     assert conv.format == "azure" and len(conv) == 19_366
     # README statistics: prompt mean 1155, output mean 211, one hour at 5.5 req/s
     assert conv.prompt_tokens.mean() == pytest.approx(1155, abs=1)

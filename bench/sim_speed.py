@@ -6,7 +6,7 @@ Cases (each runs ``sim.run`` in a fresh subprocess, so its peak RSS is its own):
   through vllm-v1, Llama-3-8B on one H200, roofline latency. Vidur needs about two minutes for
   this replay on this class of machine.
 * ``poisson-200k``: 200,000 synthetic chat requests (the quickstart's lognormal lengths) arriving
-  as a Poisson process at 80 % of vllm-v1's capacity, which ``sim.capacity.search_capacity``
+  as a Poisson process at 80 % of vllm-v1's capacity, which ``sim.planning.capacity.search_capacity``
   finds first (p99 TTFT <= 2 s, TPOT <= 0.1 s on 4,000-request probes, as scenarios/quickstart.yaml).
 * ``--scale``: the same Poisson workload at 10k, 100k and 1M requests, to show that the cost
   grows linearly with the simulated work (and that 1M requests fit in bounded memory).
@@ -82,9 +82,9 @@ def poisson_scenario(num_requests: int, rate: float) -> dict:
 
 
 def find_capacity() -> float:
-    """vllm-v1's capacity (req/s) on the bench workload, by sim.capacity's search."""
-    from sim.capacity import search_capacity
-    from sim.scenario import load_scenario
+    """vllm-v1's capacity (req/s) on the bench workload, by sim.planning.capacity's search."""
+    from sim.planning.capacity import search_capacity
+    from sim.scenario.schema import load_scenario
 
     scn = load_scenario(poisson_scenario(CAPACITY_PROBE_REQUESTS, 20.0))
     return search_capacity(scn, "vllm-v1").rate_rps

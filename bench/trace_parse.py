@@ -23,7 +23,7 @@ GOAL_S = 1.0  # the Azure conversation trace
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from sim.traces import _load_cached, load_trace
+    from sim.workload.traces import _load_cached, load_trace
 
     if not TRACES.is_dir():
         print(f"{TRACES} is missing: the bench parses the shared traces", file=sys.stderr)

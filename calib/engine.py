@@ -25,10 +25,10 @@ tokens are the model's own greedy choices, fed back; a recomputed request prefil
 its generated tokens again. Static batching's padding runs for real: its dummy tokens are
 sequences whose block tables are all null block.
 
-Records are :mod:`sim.metrics`' own (``Recorder``), filled through the same functions
+Records are :mod:`sim.metrics.recorder`' own (``Recorder``), filled through the same functions
 :class:`sim.engine.Replica` uses (``RequestRecord.open``, ``emit_step_tokens``,
 ``ReplicaSteps.append``), so ``requests_frame()``, ``steps_frame()`` and
-:func:`sim.summary.summarize` apply unchanged and the two runs are compared column for column.
+:func:`sim.metrics.summary.summarize` apply unchanged and the two runs are compared column for column.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from calib.step import BlockAllocator, SeqInput
 from policies.base import Policy, Request, StepPlan
 from policies.kv.paged import PagedKVManager
 from sim.latency.base import LatencyModel, step_shape
-from sim.metrics import Recorder, RequestRecord, emit_step_tokens, explain_unfinished
-from sim.request_spec import RequestSpec
+from sim.metrics.recorder import Recorder, RequestRecord, emit_step_tokens, explain_unfinished
+from sim.workload.request_spec import RequestSpec
 
 NULL_BLOCK = 0
 
@@ -158,7 +158,7 @@ class StepTrace:
 
 @dataclass
 class EngineRun:
-    """The result of a real run: the recorder (sim.metrics), the step traces, the engine's settings."""
+    """The result of a real run: the recorder (sim.metrics.recorder), the step traces, the engine's settings."""
 
     recorder: Recorder
     steps: list[StepTrace]
@@ -178,7 +178,7 @@ def clock_kind(device) -> str:
     CPU with one torch thread: the engine thread's CPU time, to which waits for arrivals are added
     without sleeping. Why: on a shared CPU the wall clock also counts the time other processes
     held the core, at random; the engine's own CPU time is what its steps would take on a core of
-    its own (``calib.profile`` times the table with the same clock). With several torch threads
+    its own (``calib.profile.calibrate`` times the table with the same clock). With several torch threads
     the work is spread over threads and only the wall clock measures it."""
     import torch
 
@@ -287,7 +287,7 @@ class RealEngine:
         return self.host_pool
 
     def _keep_sampled(self, plan: StepPlan, next_tokens) -> Callable[[Request], None]:
-        """``on_token`` for :func:`sim.metrics.emit_step_tokens`: a request that emits keeps the
+        """``on_token`` for :func:`sim.metrics.recorder.emit_step_tokens`: a request that emits keeps the
         token the model sampled for it (its next input)."""
         position = {req.id: i for i, req in enumerate(plan.scheduled)}
         tokens = self.tokens

@@ -5,7 +5,7 @@ same way, and the way matters for step time. vLLM replays *CUDA graphs* for pure
 (one graph per captured batch size; the batch is padded up to the next captured size), because a
 decode step of a large model issues hundreds of small kernels whose launch time would otherwise
 exceed the GPU time; steps with prefill tokens run eagerly. :class:`StepExecutor` does the same,
-and both :mod:`calib.profile` and :mod:`calib.engine` go through it, so a table measures exactly
+and both :mod:`calib.profile.calibrate` and :mod:`calib.engine` go through it, so a table measures exactly
 how the engine runs.
 
 :class:`DecodeGraphs` holds the static input buffers of the graphs: per padded request, the new

@@ -23,7 +23,7 @@
 # Output under $OUT (the device tool brings back at most 8 files, two folders deep):
 #   table/table.csv, table/metadata.json   the latency table: commit as calib/tables/h200-llama-3-8b-bf16/
 #   validate/validation.json                {real, sim, error, diagnostics} of scenarios/validate_h200.yaml
-#   validate/real_run.json                  the real run as a step log (sim/steplog.py's format)
+#   validate/real_run.json                  the real run as a step log (sim/recorded/steplog.py's format)
 #   log.txt                                 every phase's output, with times
 #   check.tgz                               calib/gpu_check.sh's logs (GPU, versions, pytest, kernel bench)
 # Exit status: 0 when the table was written; the summary's last lines say what passed.
@@ -53,7 +53,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/cbsim-site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-CBSIM=("$PY" -c "from sim.cli import main; main()")
+CBSIM=("$PY" -c "from sim.cli.main import main; main()")
 
 phase "environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >>"$LOG" 2>&1

@@ -2,7 +2,7 @@
 
 Step latency depends on the shapes of the matrices a forward pass multiplies and the KV it
 reads, not on what the weights have learned. So calib builds the architecture of a
-``sim.models`` spec (RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU MLP,
+``sim.hardware.models`` spec (RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU MLP,
 LM head; Touvron et al., "LLaMA", 2023) at its real sizes and fills it with seeded random
 weights: nothing is downloaded, and any listed model can be timed.
 
@@ -13,7 +13,7 @@ when there are at least ``tp`` of them, and otherwise each GPU holds one KV head
 over ``tp / num_kv_heads`` GPUs (so per-GPU KV memory stops shrinking past ``tp =
 num_kv_heads``); the vocabulary is padded to a multiple of 64 and split, so the embedding and LM
 head hold ``ceil(padded_vocab / tp)`` rows. All-reduce time is not part of a shard's forward.
-The split rules are ``sim.models.ModelSpec``'s (``check_tp``, ``kv_heads_per_rank``,
+The split rules are ``sim.hardware.models.ModelSpec``'s (``check_tp``, ``kv_heads_per_rank``,
 ``weight_bytes``), so the weights built here take exactly the bytes the simulator assumes.
 
 Weight scale: every projection is drawn with std ``1/sqrt(fan_in)`` (unit-variance outputs
@@ -73,13 +73,13 @@ class ShardShape:
 
 
 def shard_shape(spec: Any, tp: int = 1, num_layers: int | None = None) -> ShardShape:
-    """One GPU's shard of ``spec`` (a ``sim.models`` id or ``ModelSpec``) under ``tp``.
+    """One GPU's shard of ``spec`` (a ``sim.hardware.models`` id or ``ModelSpec``) under ``tp``.
 
     ``num_layers`` overrides the depth (profiling times one layer; tests stay small). Raises
     ``CbsimError`` when ``tp`` cannot split the model (see ``ModelSpec.check_tp``).
     """
     from sim.errors import CbsimError
-    from sim.models import VOCAB_PADDING, get_model
+    from sim.hardware.models import VOCAB_PADDING, get_model
 
     spec = get_model(spec)
     spec.check_tp(tp)
@@ -260,7 +260,7 @@ def build_model(spec: Any, *, tp: int = 1, dtype: str | torch.dtype | None = Non
     ``num_layers`` overrides the depth. Weights are drawn from a generator on ``device`` seeded
     with ``seed``: the same seed gives the same weights on the same kind of device.
     """
-    from sim.models import get_model
+    from sim.hardware.models import get_model
 
     spec = get_model(spec)
     shape = shard_shape(spec, tp=tp, num_layers=num_layers)

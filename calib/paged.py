@@ -16,7 +16,7 @@ position up to and including its own (causal within the new tokens, full over th
 This module holds the cache, the per-step metadata, the slot-mapping write and the *reference*
 attention (plain torch, gathers each request's blocks: clear, not fast). The fast GPU path that
 reads K/V through the block table inside a Triton kernel is :mod:`calib.paged_triton`;
-:func:`paged_attention` chooses between them.
+:func:`calib.attention.paged_attention` chooses between them.
 """
 
 from __future__ import annotations
@@ -260,33 +260,3 @@ def paged_attention_reference(
         out[start : start + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
         start += q_len
     return out
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """'auto' means the Triton kernel on a CUDA device when Triton imports, else the reference."""
-    if backend not in BACKENDS:
-        raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "auto":
-        return backend
-    if device.type == "cuda":
-        from calib import paged_triton
-
-        if paged_triton.available():
-            return "triton"
-    return "reference"
-
-
-def paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Paged attention for a mixed batch through the chosen backend (see :func:`resolve_backend`)."""
-    if resolve_backend(backend, q.device) == "triton":
-        from calib.paged_triton import paged_attention_triton
-
-        return paged_attention_triton(q, k_cache, v_cache, meta, scale)
-    return paged_attention_reference(q, k_cache, v_cache, meta, scale)

@@ -31,16 +31,9 @@ from typing import Any
 
 import torch
 
+from calib.attention import paged_attention, resolve_backend
 from calib.model import LlamaModel, build_model
-from calib.paged import (
-    AttentionMetadata,
-    PagedKVCache,
-    build_metadata,
-    cdiv,
-    paged_attention,
-    resolve_backend,
-    write_kv,
-)
+from calib.paged import AttentionMetadata, PagedKVCache, build_metadata, cdiv, write_kv
 
 
 @dataclass(frozen=True)

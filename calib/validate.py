@@ -3,12 +3,12 @@
 The real side is :class:`calib.engine.RealEngine`: the scenario's policy chooses every step, the
 model (random weights, the scenario's dimensions) runs it on ``device``, requests arrive on the
 engine's clock. The simulated side is ``sim.runner.run_policy`` on the same requests
-(``sim.workload.build_workload``, same seed) with the ``table`` latency backend. Both are reduced
-by :func:`sim.validate_against.request_metrics` (the definitions of ``vllm bench serve``) and
-compared by :func:`sim.validate_against.relative_errors` (signed, (sim − real) / real), so the
+(``sim.workload.synthetic.build_workload``, same seed) with the ``table`` latency backend. Both are reduced
+by :func:`sim.recorded.validate_against.request_metrics` (the definitions of ``vllm bench serve``) and
+compared by :func:`sim.recorded.validate_against.relative_errors` (signed, (sim − real) / real), so the
 result has the shape of ``cbsim validate --against``: ``{"real", "sim", "error", ...}``.
 
-Without ``table`` the device is calibrated first (:mod:`calib.profile`), over the scenario's own
+Without ``table`` the device is calibrated first (:mod:`calib.profile.calibrate`), over the scenario's own
 engine limits, right before the real run: table and run then see the same machine in the same
 state, which is what makes a comparison on a shared CPU meaningful. ``diagnostics.step_time_bias``
 prices the real run's own steps with the table (as ``--against`` does): a latency-table error
@@ -28,7 +28,7 @@ import torch
 
 from calib.engine import EngineRun, RealEngine
 from calib.executor import StepExecutor, make_executor
-from calib.profile import ProfileSpec, calibrate
+from calib.profile.calibrate import ProfileSpec, calibrate
 from calib.step import BlockAllocator, make_runner, release, synthetic_batch
 from sim.errors import CbsimError, nearest
 
@@ -58,7 +58,7 @@ def check_servable(scn) -> None:
 
 def profile_spec_for(scn, policy, device: str, **overrides) -> ProfileSpec:
     """Calibration limits that cover what the scenario's engine can run."""
-    from sim.models import get_model
+    from sim.hardware.models import get_model
 
     limits = policy.limits
     budget = policy.token_budget or limits.max_num_batched_tokens
@@ -89,9 +89,9 @@ def run_real(scn, entry, specs, limits, device: str, *, check: bool = False,
              on_progress: Callable[[int], None] | None = None, clock=None) -> EngineRun:
     """Serve ``specs`` for real with the scenario's policy entry on ``device``."""
     from policies.registry import make_policy
-    from sim.hardware import get_gpu
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
     from sim.latency.base import LatencyModel
-    from sim.models import get_model
     from sim.runner import policy_knobs
 
     model = get_model(scn.model)
@@ -112,7 +112,7 @@ def run_real(scn, entry, specs, limits, device: str, *, check: bool = False,
 def simulate(scn, entry, specs, limits, table: Path):
     """The same requests through the simulator with the table backend; the requests frame."""
     from sim.runner import run_policy
-    from sim.scenario import Latency
+    from sim.scenario.schema import Latency
 
     sim_scn = scn.model_copy(update={"latency": Latency(backend="table", path=str(Path(table).resolve()))})
     requests, _steps, summary, _meta = run_policy(sim_scn, entry, specs, limits)
@@ -120,7 +120,7 @@ def simulate(scn, entry, specs, limits, table: Path):
 
 
 def metrics_of(requests) -> dict[str, Any]:
-    from sim.validate_against import request_metrics
+    from sim.recorded.validate_against import request_metrics
 
     return request_metrics(requests["arrival_s"].tolist(), requests["token_times_s"].tolist(),
                            requests["preemptions"].tolist())
@@ -132,10 +132,10 @@ def step_time_bias(run: EngineRun, table: Path, scn, limits) -> float:
     import warnings
 
     from policies.base import StepPlan
-    from sim.hardware import get_gpu
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
     from sim.latency.base import step_shape
     from sim.latency.table import TableExtrapolationWarning, TableLatency
-    from sim.models import get_model
 
     lat = TableLatency.from_path(table, get_model(scn.model), get_gpu(scn.hardware.gpu),
                                  scn.hardware.tensor_parallel, limits.block_size)
@@ -160,10 +160,10 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
     ``table``: a table folder; None calibrates first (into ``out/table`` when ``out`` is given).
     ``profile_overrides``: ProfileSpec fields for that calibration (e.g. ``heldout``).
     """
+    from sim.recorded.validate_against import relative_errors
     from sim.runner import engine_limits
-    from sim.scenario import load_scenario
-    from sim.validate_against import relative_errors
-    from sim.workload import build_workload
+    from sim.scenario.schema import load_scenario
+    from sim.workload.synthetic import build_workload
 
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise CbsimError("--device cuda but torch sees no CUDA device; use --device cpu")
@@ -179,9 +179,9 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
     tmp = None
     calibration = None
     if table is not None:  # a table that cannot price this scenario fails now, not after the real run
+        from sim.hardware.models import get_model
         from sim.latency.table import check_compatible
         from sim.latency.table_format import read_table
-        from sim.models import get_model
 
         check_compatible(read_table(table), get_model(scn.model), scn.hardware.tensor_parallel, limits.block_size)
     else:
@@ -239,7 +239,7 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
             "table": str(table) if tmp is None else "(calibrated in a temporary folder)",
         }
         if out is not None:
-            from sim.validate_against import write_json
+            from sim.recorded.validate_against import write_json
 
             write_json(result, Path(out) / "validation.json")
             write_steplog(run, scn, limits, Path(out) / "real_run.json")
@@ -250,11 +250,11 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
 
 
 def write_steplog(run: EngineRun, scn, limits, path: Path) -> Path:
-    """The real run as a step log (``sim.steplog``'s vllm-json format), so it can be fitted
+    """The real run as a step log (``sim.recorded.steplog``'s vllm-json format), so it can be fitted
     (``cbsim calibrate --from-steplog``) or predicted (``cbsim validate --against``)."""
     import json
 
-    from sim.models import get_model
+    from sim.hardware.models import get_model
 
     m = get_model(scn.model)
     reqs = run.requests_frame()

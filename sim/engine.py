@@ -38,9 +38,15 @@ import simpy
 
 from policies.base import Policy, Request, Status, StepPlan
 from sim.latency.base import LatencyModel, StepShape, step_shape
-from sim.metrics import HORIZON_REACHED, Recorder, RequestRecord, emit_step_tokens, explain_unfinished
-from sim.request_spec import RequestSpec
+from sim.metrics.recorder import (
+    HORIZON_REACHED,
+    Recorder,
+    RequestRecord,
+    emit_step_tokens,
+    explain_unfinished,
+)
 from sim.routing import round_robin
+from sim.workload.request_spec import RequestSpec
 
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 

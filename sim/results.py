@@ -20,7 +20,7 @@ import pandas as pd
 
 @dataclass
 class RunResult:
-    scenario: object  # sim.scenario.Scenario
+    scenario: object  # sim.scenario.schema.Scenario
     requests: pd.DataFrame
     steps: pd.DataFrame
     summaries: dict[str, dict]  # label -> summary
@@ -123,7 +123,7 @@ class RunResult:
     @classmethod
     def load(cls, out_dir: str | Path) -> RunResult:
         from sim.errors import CbsimError
-        from sim.scenario import load_scenario
+        from sim.scenario.schema import load_scenario
 
         d = Path(out_dir)
         missing = [f for f in RESULT_FILES if not (d / f).exists()]

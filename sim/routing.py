@@ -19,7 +19,7 @@ lowest replica index.
   ``repr``: not Python's ``hash``, which is salted per process). A request with no shared
   prefix falls back to ``least-outstanding``: one without ``prompt_runs``, or whose first run is
   its own unique content (key ``("req", id)``, the convention of ``policies.base.Request`` and
-  ``sim.workload`` for a prompt that shares nothing), since hashing unique prompts would only
+  ``sim.workload.synthetic`` for a prompt that shares nothing), since hashing unique prompts would only
   scatter them at random.
 """
 

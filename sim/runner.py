@@ -24,16 +24,16 @@ import pandas as pd
 from policies.base import EngineLimits
 from policies.registry import POLICIES, make_policy
 from sim.engine import Simulation
-from sim.hardware import get_gpu
-from sim.kv_capacity import resolve_kv
+from sim.hardware.gpus import get_gpu
+from sim.hardware.kv_capacity import resolve_kv
+from sim.hardware.models import get_model
 from sim.latency import make_latency
-from sim.metrics import HORIZON_REACHED
-from sim.models import get_model
+from sim.metrics.recorder import HORIZON_REACHED
+from sim.metrics.summary import summarize
 from sim.results import RunResult
 from sim.routing import make_router
-from sim.scenario import Scenario, load_scenario
-from sim.summary import summarize
-from sim.workload import build_workload
+from sim.scenario.schema import Scenario, load_scenario
+from sim.workload.synthetic import build_workload
 
 
 def engine_limits(scn: Scenario) -> EngineLimits:
@@ -135,7 +135,7 @@ def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
         hbm_bandwidth=gpu.hbm_bandwidth * scn.replicas.count,
         slo=scn.slo,
         num_replicas=scn.replicas.count,
-        # ITL from the recorder's runs of token times (sim.metrics): the same order statistics
+        # ITL from the recorder's runs of token times (sim.metrics.recorder): the same order statistics
         # without a list of every gap (and runs too large to keep token times in memory have none)
         itl=recorder.itl_stats(),
     )

@@ -12,8 +12,8 @@ from policies.base import EngineLimits, Request, emit_tokens
 from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
-from sim.request_spec import RequestSpec
-from sim.summary import summarize
+from sim.metrics.summary import summarize
+from sim.workload.request_spec import RequestSpec
 
 FAKE_MODEL = SimpleNamespace(
     num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16, dtype_bytes=2,

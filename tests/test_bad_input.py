@@ -1,7 +1,7 @@
 """What ``cbsim`` does with bad input: one clear line on stderr and exit code 2, never a traceback.
 
 Each test here backs one row of the README table "What cbsim does with bad input", and asserts
-the exact shape of the message a user sees. Most drive ``sim.cli.main`` in-process (fast);
+the exact shape of the message a user sees. Most drive ``sim.cli.main.main`` in-process (fast);
 ``test_cli_binary_prints_one_line_and_exits_2`` runs the installed ``cbsim`` script itself.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim import cli
+from sim.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
 CBSIM = Path(sys.executable).parent / "cbsim"
@@ -34,7 +34,7 @@ BASE = {
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
-    """``cbsim ARGS`` through sim.cli.main; returns (exit code, stdout, stderr)."""
+    """``cbsim ARGS`` through sim.cli.main.main; returns (exit code, stdout, stderr)."""
     old = sys.argv
     sys.argv = ["cbsim", *map(str, args)]
     try:

@@ -30,10 +30,10 @@ from calib.step import BlockAllocator, SeqInput, make_runner, synthetic_batch
 from policies.base import EngineLimits, Request
 from policies.registry import make_policy
 from sim.engine import Simulation
-from sim.hardware import get_gpu
+from sim.hardware.gpus import get_gpu
+from sim.hardware.models import get_model
 from sim.latency.constant import ConstantLatency
-from sim.models import get_model
-from sim.request_spec import RequestSpec
+from sim.workload.request_spec import RequestSpec
 
 LIMITS = dict(block_size=16, num_gpu_blocks=14, num_cpu_blocks=64, max_num_seqs=6, max_num_batched_tokens=96,
               max_model_len=256)

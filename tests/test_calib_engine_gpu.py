@@ -61,9 +61,9 @@ def test_real_engine_on_cuda_makes_the_simulators_decisions():
     from policies.base import EngineLimits
     from policies.registry import make_policy
     from sim.engine import Simulation
-    from sim.hardware import get_gpu
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
     from sim.latency.constant import ConstantLatency
-    from sim.models import get_model
     from tests.test_calib_engine import LIMITS, recording, workload
 
     limits = EngineLimits(**LIMITS)
@@ -80,7 +80,7 @@ def test_real_engine_on_cuda_makes_the_simulators_decisions():
 
 
 def test_a_small_profile_on_cuda(tmp_path):
-    from calib.profile import ProfileSpec, calibrate
+    from calib.profile.calibrate import ProfileSpec, calibrate
     from sim.latency.table_format import read_table
 
     spec = ProfileSpec(model="tiny", device=CUDA, max_num_batched_tokens=64, max_model_len=256, max_num_seqs=8,

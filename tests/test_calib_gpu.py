@@ -89,7 +89,7 @@ def test_peak_extra_memory_is_far_below_a_contiguous_kv_copy():
 
 
 def test_full_llama_3_8b_shard_runs_a_mixed_step():
-    from sim.models import get_model
+    from sim.hardware.models import get_model
 
     spec = get_model("llama-3-8b")
     runner = make_runner(spec, num_blocks=2048, block_size=16, device=CUDA)  # bf16, all 32 layers

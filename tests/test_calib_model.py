@@ -16,7 +16,7 @@ from calib.model import build_model, shard_shape
 from calib.paged import PagedKVCache
 from calib.step import BlockAllocator, SeqInput, StepRunner, make_runner, release, synthetic_batch
 from sim.errors import CbsimError
-from sim.models import get_model
+from sim.hardware.models import get_model
 
 GQA_SPEC = {  # small, grouped-query (8 heads over 2 KV heads), tied embeddings
     "name": "small-gqa", "num_layers": 3, "hidden_size": 128, "num_heads": 8, "num_kv_heads": 2,

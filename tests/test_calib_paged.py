@@ -192,7 +192,7 @@ def test_block_allocator_scatters_unique_blocks_and_keeps_the_null_block():
 
 
 def test_cache_layout_and_bytes_per_block_match_the_simulators_kv_cost():
-    from sim.models import get_model
+    from sim.hardware.models import get_model
 
     spec = get_model("llama-3-8b")
     per_block = PagedKVCache.bytes_per_block(spec.num_layers, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)

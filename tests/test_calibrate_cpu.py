@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from calib.profile import ProfileSpec, fill_rows, isotonic, profile_grids
+from calib.profile.calibrate import ProfileSpec, fill_rows, isotonic, profile_grids
 from sim.latency.table_format import read_table
 from tests.conftest import REPO
 
@@ -103,8 +103,8 @@ def test_the_table_is_the_documented_format_with_its_metadata(validated):
 
 
 def test_the_real_run_is_a_step_log_the_simulator_reads(validated):
-    """The engine's log is in sim.steplog's format: `validate --against` predicts it with the same table."""
-    from sim.validate_against import validate_against
+    """The engine's log is in sim.recorded.steplog's format: `validate --against` predicts it with the same table."""
+    from sim.recorded.validate_against import validate_against
 
     result, out, _ = validated[-1]
     again = validate_against(out / "real_run.json", out / "table")
@@ -114,7 +114,7 @@ def test_the_real_run_is_a_step_log_the_simulator_reads(validated):
 
 
 def test_a_table_of_another_depth_is_refused(tmp_path, one_thread):
-    from calib.profile import calibrate
+    from calib.profile.calibrate import calibrate
     from calib.validate import validate_scenario
     from sim.errors import CbsimError
 
@@ -155,7 +155,7 @@ def run_cbsim(*args: str, block_torch: bool = False) -> subprocess.CompletedProc
     code = "import sys\n"
     if block_torch:  # as if torch were not installed
         code += "sys.modules['torch'] = None\n"
-    code += "from sim.cli import main\nsys.argv = ['cbsim', *sys.argv[1:]]\nmain()\n"
+    code += "from sim.cli.main import main\nsys.argv = ['cbsim', *sys.argv[1:]]\nmain()\n"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 
 

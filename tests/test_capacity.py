@@ -11,21 +11,20 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-import sim.capacity as capacity_mod
-from sim.capacity import capacity, min_requests, search_capacity
+import sim.planning.capacity as capacity_mod
 from sim.errors import CbsimError
-from sim.plan import plan
+from sim.planning.capacity import capacity, min_requests, search_capacity
+from sim.planning.plan import plan
+from sim.planning.sweep import execute
 from sim.runner import run
-from sim.scenario import load_scenario
-from sim.sweep import execute
+from sim.scenario.schema import load_scenario
 from tests.helpers import small_scenario
 
 SMALL = small_scenario(seed=1, num_requests=80, policies=[{"name": "orca"}], cost_per_gpu_hour=2.0)
 
 
 def cli(*args):
-    from sim import commands  # noqa: F401  (registers the commands)
-    from sim.cli import app
+    from sim.cli.main import app
 
     return CliRunner().invoke(app, list(args), terminal_width=200)
 
@@ -177,8 +176,8 @@ def test_plan_cli_prints_replicas_and_cost(tmp_path):
 def test_plan_warns_when_each_replica_sees_too_few_requests(repo):
     from types import SimpleNamespace
 
-    from sim.commands.plan import short_run_notes
-    from sim.scenario import load_scenario
+    from sim.cli.plan import short_run_notes
+    from sim.scenario.schema import load_scenario
 
     scn = load_scenario(repo / "scenarios/capacity.yaml", ["workload.num_requests=100"])
     notes = short_run_notes(scn, {"v1": SimpleNamespace(replicas=5)}, 20.0)

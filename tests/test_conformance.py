@@ -9,8 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from sim.conformance import check_log, load_golden, replay
 from sim.errors import CbsimError
+from sim.recorded.conformance import check_log, load_golden, replay
 
 GOLDEN = {  # file -> steps (reference/oracle/README.md)
     "v1_ample.json": 74,
@@ -90,8 +90,7 @@ def test_bad_files_name_the_problem(tmp_path):
 
 
 def _cli(*args):
-    from sim import commands  # noqa: F401  (registers the commands)
-    from sim.cli import app
+    from sim.cli.main import app
 
     return CliRunner().invoke(app, ["conformance", *map(str, args)])
 
@@ -126,7 +125,7 @@ def test_cli_unreadable_file_exits_two_with_one_line(tmp_path):
         [
             sys.executable,
             "-c",
-            "from sim.cli import main; main()",
+            "from sim.cli.main import main; main()",
             "conformance",
             str(tmp_path / "nope.json"),
         ],

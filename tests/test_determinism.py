@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sim.runner import run
-from sim.scenario import load_scenario
+from sim.scenario.schema import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 CBSIM = Path(sys.executable).parent / "cbsim"
@@ -99,7 +99,7 @@ def test_same_bytes_in_other_processes_with_other_hash_seeds(tmp_path):
 
 
 def test_local_process_sweeps_give_identical_tables(tmp_path):
-    sweep_mod = pytest.importorskip("sim.sweep")
+    sweep_mod = pytest.importorskip("sim.planning.sweep")
     points = sweep_mod.make_points(rates=[4.0, 12.0, 30.0])
     scenario = load_scenario(MIXED, ["workload.num_requests=60", "policies=[{name: vllm-v1}, {name: sarathi}]"])
     tables = []

@@ -23,14 +23,14 @@ import pytest
 from policies.base import EngineLimits, Request, StepPlan, emit_tokens
 from policies.registry import POLICIES, make_policy
 from sim.engine import Simulation, fast_step_shape, landing_delay
-from sim.hardware import get_gpu
+from sim.hardware.gpus import get_gpu
+from sim.hardware.models import get_model
 from sim.latency.base import step_shape
 from sim.latency.constant import ConstantLatency
 from sim.latency.roofline import RooflineLatency
-from sim.metrics import weighted_stats
-from sim.models import get_model
-from sim.request_spec import RequestSpec
-from sim.summary import PERCENTILES, stats, summarize
+from sim.metrics.recorder import weighted_stats
+from sim.metrics.summary import PERCENTILES, stats, summarize
+from sim.workload.request_spec import RequestSpec
 from tests.helpers import FAKE_GPU, FAKE_MODEL
 
 MODEL, GPU = get_model("llama-3-8b"), get_gpu("h200")

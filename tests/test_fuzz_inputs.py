@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 
 from sim.errors import CbsimError
 from sim.runner import engine_limits, run_policy
-from sim.scenario import load_scenario
-from sim.traces import load_trace
-from sim.workload import build_workload
+from sim.scenario.schema import load_scenario
+from sim.workload.synthetic import build_workload
+from sim.workload.traces import load_trace
 from tests.fuzz_profiles import examples
 from tests.helpers import wall_clock_limit
 

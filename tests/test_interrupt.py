@@ -1,6 +1,6 @@
 """Ctrl-C during ``cbsim run``: exit code 130, one line on stderr, and nothing half-written.
 
-A subprocess runs the real CLI entry point (``sim.cli.main``) through a tiny wrapper that slows
+A subprocess runs the real CLI entry point (``sim.cli.main.main``) through a tiny wrapper that slows
 one phase down and drops a marker file when it gets there, so SIGINT lands exactly in that
 phase: while simulating, or while the results folder is being written (over nothing, or over
 an earlier result that must survive intact). Results are written into a hidden temporary
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.cli import INTERRUPTED, INTERRUPTED_MESSAGE
+from sim.cli.main import INTERRUPTED, INTERRUPTED_MESSAGE
 from tests.helpers import overload_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ WRAPPER = textwrap.dedent('''
             time.sleep(120)
             return out
         pd.DataFrame.to_parquet = slow
-    from sim.cli import main
+    from sim.cli.main import main
     sys.argv = ["cbsim", *sys.argv[1:]]
     main()
 ''')

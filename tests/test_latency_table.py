@@ -11,11 +11,11 @@ import pytest
 
 from policies.base import StepPlan
 from sim.errors import CbsimError
-from sim.hardware import get_gpu
+from sim.hardware.gpus import get_gpu
+from sim.hardware.models import get_model
 from sim.latency import make_latency, step_shape
 from sim.latency.table import TableExtrapolationWarning, TableLatency
 from sim.latency.table_format import LatencyTable, make_component, read_table, write_table
-from sim.models import get_model
 
 TINY = get_model("tiny")
 CPU = get_gpu("cpu")

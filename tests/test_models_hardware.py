@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sim.errors import CbsimError
-from sim.hardware import GPUS, get_gpu
-from sim.kv_capacity import num_cpu_blocks, num_gpu_blocks, resolve_kv
-from sim.models import MODELS, ModelSpec, get_model
-from sim.scenario import Hardware, load_scenario
+from sim.hardware.gpus import GPUS, get_gpu
+from sim.hardware.kv_capacity import num_cpu_blocks, num_gpu_blocks, resolve_kv
+from sim.hardware.models import MODELS, ModelSpec, get_model
+from sim.scenario.schema import Hardware, load_scenario
 
 
 # --- models --------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ import tracemalloc
 import pytest
 from rich.console import Console
 
-from sim.commands.run import backlog_notes, comparison_table
+from sim.cli.run import backlog_notes, comparison_table
 from sim.runner import DEFAULT_DRAIN_S, run
-from sim.scenario import load_scenario
-from sim.workload import build_workload
+from sim.scenario.schema import load_scenario
+from sim.workload.synthetic import build_workload
 from tests.helpers import overload_scenario
 
 OVERLOAD = overload_scenario(

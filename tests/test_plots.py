@@ -14,8 +14,7 @@ from matplotlib.colors import to_hex, to_rgb
 from typer.testing import CliRunner
 
 import sim
-import sim.commands  # noqa: F401  (registers `cbsim plot` on the app)
-from sim.cli import app
+from sim.cli.main import app
 from sim.errors import CbsimError
 from sim.plots import FILES, png_size, timeline_data, write_all
 from sim.plots.latency import ecdf

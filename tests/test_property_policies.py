@@ -23,7 +23,7 @@ from policies.base import EngineLimits, Request
 from policies.registry import POLICIES, make_policy
 from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
-from sim.request_spec import RequestSpec
+from sim.workload.request_spec import RequestSpec
 from tests.fuzz_profiles import examples
 from tests.helpers import FAKE_GPU, FAKE_MODEL, wall_clock_limit
 from tests.policy_invariants import Checked, InvariantChecker, drive

@@ -13,7 +13,7 @@ import os
 import pandas as pd
 import pytest
 
-from sim.sweep import make_points, sweep
+from sim.planning.sweep import make_points, sweep
 from tests.helpers import small_scenario
 
 SMALL = small_scenario(seed=4)

@@ -14,8 +14,8 @@ from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.errors import CbsimError
 from sim.latency.constant import ConstantLatency
-from sim.request_spec import RequestSpec
 from sim.routing import ROUTERS, make_router, stable_bucket
+from sim.workload.request_spec import RequestSpec
 from tests.helpers import FAKE_GPU, FAKE_MODEL
 
 LIMITS = EngineLimits(block_size=16, num_gpu_blocks=64, max_num_seqs=4, max_num_batched_tokens=256,

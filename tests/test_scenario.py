@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from policies.base import Knob, Policy
-from sim import scenario as scenario_mod
 from sim.errors import ScenarioError
-from sim.overrides import apply_overrides, parse_value
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import schema as scenario_mod
+from sim.scenario.docs import field_docs, field_docs_markdown
+from sim.scenario.overrides import apply_overrides, parse_value
+from sim.scenario.schema import Scenario, load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -65,7 +66,7 @@ def test_defaults_are_the_documented_ones():
 
 
 def test_every_key_is_documented():
-    docs = Scenario.field_docs()
+    docs = field_docs(Scenario)
     keys = {d["key"] for d in docs}
     for key in ("engine.max_num_seqs", "workload.arrival.rate", "workload.trace.window_s",
                 "policies.N.label", "hardware.activation_reserve_gib", "model.num_layers", "slo.percentile"):
@@ -74,7 +75,7 @@ def test_every_key_is_documented():
     assert all(d["default"] != "" for d in docs)
     row = next(d for d in docs if d["key"] == "engine.block_size")
     assert row["default"] == "16" and row["type"] == "int"
-    assert "| `engine.block_size` | int | 16 |" in Scenario.field_docs_markdown()
+    assert "| `engine.block_size` | int | 16 |" in field_docs_markdown(Scenario)
 
 
 def test_seed_toy_shape_loads():

@@ -18,7 +18,7 @@ def test_seed_toy_from_summary_json(tmp_path):
     """The seeds' worked example, asserted from the summary.json `cbsim run` writes."""
     out = tmp_path / "toy"
     proc = subprocess.run(
-        [sys.executable, "-c", "from sim.cli import main; main()", "run", str(REPO / "scenarios/seed_toy.yaml"),
+        [sys.executable, "-c", "from sim.cli.main import main; main()", "run", str(REPO / "scenarios/seed_toy.yaml"),
          "--out", str(out), "--no-plots", "--quiet"],
         capture_output=True, text=True, timeout=120,
     )
@@ -78,7 +78,7 @@ def test_memory_pressure_recompute_vs_swap():
 
 def test_dry_run_prints_the_resolved_scenario_and_workload_without_simulating(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-c", "from sim.cli import main; main()", "run", str(REPO / "scenarios/quickstart.yaml"),
+        [sys.executable, "-c", "from sim.cli.main import main; main()", "run", str(REPO / "scenarios/quickstart.yaml"),
          "--dry-run", "--set", "workload.arrival.rate=12", "--out", str(tmp_path / "never")],
         capture_output=True, text=True, timeout=120,
     )

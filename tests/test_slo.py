@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from sim.metrics.summary import run_meets_slo
 from sim.runner import run
-from sim.summary import run_meets_slo
 from tests.helpers import overload_scenario
 
 

@@ -10,13 +10,13 @@ import pytest
 
 from policies.base import StepPlan
 from sim.errors import CbsimError
-from sim.hardware import get_gpu
+from sim.hardware.gpus import get_gpu
+from sim.hardware.models import get_model
 from sim.latency import step_shape
 from sim.latency.fit import default_grids, fit_steplog, nnls, predict_steps
 from sim.latency.table import TableLatency
 from sim.latency.table_format import LatencyTable, make_component, read_table, write_table
-from sim.models import get_model
-from sim.steplog import EngineConfig, LoggedRequest, LoggedStep, StepLog, read_steplog
+from sim.recorded.steplog import EngineConfig, LoggedRequest, LoggedStep, StepLog, read_steplog
 
 TINY = get_model("tiny")
 CONFIG = EngineConfig(block_size=32, num_gpu_blocks=47, max_num_batched_tokens=256, max_num_seqs=64,

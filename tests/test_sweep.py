@@ -7,11 +7,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-import sim.sweep as sweep_mod
+import sim.planning.sweep as sweep_mod
 from sim.errors import CbsimError
-from sim.runner import run
-from sim.scenario import load_scenario
-from sim.sweep import (
+from sim.planning.sweep import (
     estimate_capacity,
     flatten,
     make_points,
@@ -20,6 +18,8 @@ from sim.sweep import (
     split_top_level,
     sweep,
 )
+from sim.runner import run
+from sim.scenario.schema import load_scenario
 from tests.helpers import small_scenario
 
 # tiny model, one 10 ms step per iteration: a point simulates in milliseconds
@@ -175,8 +175,7 @@ def test_estimated_capacity_is_the_last_rate_before_the_first_violation():
 
 # --- the command -----------------------------------------------------------------------------
 def cli(*args):
-    from sim import commands  # noqa: F401  (registers the commands)
-    from sim.cli import app
+    from sim.cli.main import app
 
     return CliRunner().invoke(app, list(args))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.errors import TraceError
-from sim.traces import _load_cached, detect_format, load_trace, read_trace
+from sim.workload.traces import _load_cached, detect_format, load_trace, read_trace
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44

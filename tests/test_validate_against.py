@@ -30,8 +30,8 @@ from policies.vllm_v1 import VllmV1Policy
 from sim.errors import CbsimError
 from sim.latency.fit import fit_steplog
 from sim.latency.table_format import LatencyTable, make_component, read_table, write_table
-from sim.steplog import read_steplog
-from sim.validate_against import ERROR_KEYS, real_metrics, validate_against
+from sim.recorded.steplog import read_steplog
+from sim.recorded.validate_against import ERROR_KEYS, real_metrics, validate_against
 from tests.conftest import require_shared
 
 FIGURES = ("ttft_mean", "tpot_mean", "e2e_p90", "throughput")
@@ -144,8 +144,7 @@ def test_issue_targets_from_fit_json_alone(results, name):
 def test_calibrate_then_validate_commands(tmp_path):
     from typer.testing import CliRunner
 
-    import sim.commands  # noqa: F401  (registers the commands)
-    from sim.cli import app
+    from sim.cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "table"
@@ -168,8 +167,7 @@ def test_calibrate_then_validate_commands(tmp_path):
 def test_validate_command_errors(tmp_path):
     from typer.testing import CliRunner
 
-    import sim.commands  # noqa: F401
-    from sim.cli import app
+    from sim.cli.main import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["validate", "--against", str(run_path("light.json"))])

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from sim.errors import CbsimError, ScenarioError
-from sim.scenario import load_scenario
-from sim.workload import Z99, build_workload, lognormal_params, workload_stats
+from sim.scenario.schema import load_scenario
+from sim.workload.distributions import Z99, lognormal_params
+from sim.workload.synthetic import build_workload, workload_stats
 
 N = 100_000
 

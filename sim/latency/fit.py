@@ -43,7 +43,7 @@ import numpy as np
 
 from sim.errors import CbsimError
 from sim.latency.table_format import COMPONENTS, FORMAT_VERSION, LatencyTable, make_component
-from sim.steplog import LoggedStep, StepLog
+from sim.recorded.steplog import LoggedStep, StepLog
 
 SMOOTHNESS = 0.1  # penalty weight per interior grid point, relative to sqrt(number of steps)
 HELDOUT_FRACTION = 0.2
@@ -314,10 +314,10 @@ def predict_steps(table: LatencyTable, model: dict, block_size: int, steps: list
     import warnings
 
     from policies.base import StepPlan
-    from sim.hardware import get_gpu
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
     from sim.latency.base import step_shape
     from sim.latency.table import TableExtrapolationWarning, TableLatency
-    from sim.models import get_model
 
     lat = TableLatency(table, get_model(model), get_gpu("cpu"), table.metadata.get("tensor_parallel", 1),
                        block_size)

@@ -1,7 +1,7 @@
 """The latency-table folder: one format for tables measured by ``calib`` and fitted from step logs.
 
 Why a folder of two plain files: the simulator must read a table without torch, a person must be
-able to read and diff it, and both calibration paths (``calib.profile`` on a device,
+able to read and diff it, and both calibration paths (``calib.profile.calibrate`` on a device,
 ``cbsim calibrate --from-steplog`` from an engine's log) must write the same thing.
 
 A table folder holds::
@@ -62,10 +62,10 @@ metadata.json
 A JSON object (format version 1). Required keys:
 
 - ``format_version``: 1.
-- ``source``: ``"calib"`` (measured on a device by ``calib.profile``) or ``"steplog"`` (fitted
+- ``source``: ``"calib"`` (measured on a device by ``calib.profile.calibrate``) or ``"steplog"`` (fitted
   from an engine's recorded steps by ``cbsim calibrate --from-steplog``).
 - ``device``: the device's name, in words (e.g. ``"NVIDIA H200"``, ``"cpu"``).
-- ``model``: the model spec as ``sim.models.ModelSpec.to_dict()`` (name, num_layers,
+- ``model``: the model spec as ``sim.hardware.models.ModelSpec.to_dict()`` (name, num_layers,
   hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, vocab_size, dtype,
   tied_embeddings).
 - ``dtype``: weight and KV dtype (``bf16``, ``fp16``, ``fp32``).
@@ -230,8 +230,8 @@ def validate_metadata(meta: Any, where: str | Path = METADATA_FILE) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CbsimError(f"{where}: {key} must be a positive integer, got {value!r}")
     if not isinstance(meta["model"], dict):
-        raise CbsimError(f"{where}: model must be the model spec as a mapping (sim.models.ModelSpec.to_dict())")
-    from sim.models import get_model
+        raise CbsimError(f"{where}: model must be the model spec as a mapping (sim.hardware.models.ModelSpec.to_dict())")
+    from sim.hardware.models import get_model
 
     try:
         get_model(meta["model"])

@@ -4,7 +4,7 @@ A step is an interval ``[start_s, start_s + duration_s)`` on one replica, so a p
 piecewise-constant function of time. Small runs are drawn exactly (each step a flat segment, a
 break where the engine sat idle). Long runs, or several replicas whose steps interleave, are
 drawn as means over equal time bins, each weighted by how long its steps ran inside the bin:
-the same duration-weighted mean ``sim.summary`` reports, restricted to the bin. A bin in which
+the same duration-weighted mean ``sim.metrics.summary`` reports, restricted to the bin. A bin in which
 no step ran is a break in the curve, not a zero: nothing was scheduled there.
 """
 

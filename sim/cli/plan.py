@@ -1,0 +1,84 @@
+"""``cbsim plan X.yaml --target-rate R``: replicas needed to meet the SLO at R, and their cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sim.cli import search_options as shared
+from sim.cli.app import app
+
+
+@app.command("plan")
+def plan_cmd(
+    scenario: shared.ScenarioArg,
+    target_rate: float = typer.Option(..., "--target-rate", "-r", help="peak arrival rate to serve (req/s)"),
+    max_replicas: int = typer.Option(64, "--max-replicas", help="give up above this many replicas"),
+    policy: shared.PolicyOpt = None,
+    json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file"),
+    set_: shared.SetOpt = None,
+    workers: int = shared.workers_option("planned"),
+    backend: shared.BackendOpt = "local",
+    ray_address: shared.RayAddressOpt = None,
+):
+    """Smallest number of replicas (with the scenario's router) meeting the SLO at --target-rate."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.planning.plan import plan
+
+    console = Console()
+    scn = shared.load(scenario, set_)
+    with console.status(f"planning for {target_rate:g} req/s ..."):
+        plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
+                     backend=backend, ray_address=ray_address)
+    price = scn.cost_per_gpu_hour
+    t = Table(title=f"{scn.name}: {target_rate:g} req/s on {scn.hardware.gpu} "
+                    f"({scn.hardware.count} GPU(s) per replica, router {scn.replicas.router})",
+              header_style="bold")
+    cols = ["policy", "replicas", "GPUs", "GPU-h per h"]
+    if price is not None:
+        cols += ["cost per h", "cost per 1M req"]
+    cols += ["p99 TTFT s", "p99 TPOT ms", "runs"]
+    for c in cols:
+        t.add_column(c, justify="left" if c == "policy" else "right")
+    for label, p in plans.items():
+        if p.replicas is None:
+            row = [label, f"> {p.max_replicas}", "-", "-"] + (["-", "-"] if price is not None else []) + ["-", "-"]
+        else:
+            s = p.summary
+            row = [label, str(p.replicas), str(p.gpus), f"{p.gpu_hours_per_hour:g}"]
+            if price is not None:
+                row += [f"{p.cost_per_hour:,.2f}", f"{p.cost_per_million_requests:,.2f}"]
+            row += [f"{s['ttft_s']['p99']:.3g}", f"{s['tpot_s']['p99'] * 1e3:.3g}"]
+        t.add_row(*row, str(p.runs))
+    console.print(t)
+    for n in short_run_notes(scn, plans, target_rate):
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
+    console.print(f"replicas = fewest meeting the SLO (one fewer was simulated too, and violates it). GPUs = replicas × "
+                  f"hardware.count; cost = GPUs × cost_per_gpu_hour for each hour at {target_rate:g} req/s"
+                  + ("" if price is not None else " (set cost_per_gpu_hour for money figures)"), highlight=False)
+    shared.write_json(console, json_out, {"scenario": scn.name, "target_rate_rps": target_rate,
+                                          "policies": {k: v.to_dict() for k, v in plans.items()}})
+
+
+def short_run_notes(scn, plans, target_rate: float) -> list[str]:
+    """Say when each replica sees too few requests for one replica fewer to show its overload
+    (the finite-run caveat of sim.planning.capacity, with the load step of removing one replica)."""
+    from sim.planning.capacity import min_requests
+    from sim.workload.synthetic import build_workload
+
+    notes = []
+    total = len(build_workload(scn))
+    for label, p in plans.items():
+        if not p.replicas or p.replicas < 2:
+            continue
+        per_replica = total / p.replicas
+        step = 1 / (p.replicas - 1)  # load added per replica when one is removed
+        need = min_requests(scn.slo, target_rate / (p.replicas - 1), step)
+        if need is not None and per_replica < need:
+            notes.append(f"{label}: each of the {p.replicas} replicas sees about {per_replica:.0f} requests; "
+                         f"{p.replicas - 1} replicas need about {need} each to show their overload, so the "
+                         "answer may be too low: raise workload.num_requests")
+    return notes

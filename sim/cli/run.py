@@ -1,0 +1,153 @@
+"""``cbsim run X.yaml``: simulate every policy of a scenario and compare them in one table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sim.cli.app import app
+
+
+def _fmt(v, scale: float = 1.0, digits: int = 3) -> str:
+    """Numbers a person reads at a glance: no exponents, thousands separated."""
+    if v is None:
+        return "-"
+    if not isinstance(v, float):
+        return str(v)
+    x = v * scale
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.{digits}g}"
+
+
+def comparison_table(result):
+    """The rich table `cbsim run` prints: one column per policy."""
+    from rich.table import Table
+
+    slo = result.scenario.slo
+    t = Table(title=f"{result.scenario.name}: {len(result.requests) // max(len(result.labels), 1)} requests",
+              header_style="bold")
+    t.add_column("metric")
+    for label in result.labels:
+        t.add_column(label, justify="right")
+    rows = [
+        ("finished / rejected / unfinished", lambda s: f"{s['requests_finished']} / {s['requests_rejected']} / {s['requests_unfinished']}"),
+        ("throughput (req/s)", lambda s: _fmt(s["throughput_rps"])),
+        ("output tokens/s", lambda s: _fmt(s["output_tps"], digits=4)),
+        ("goodput (req/s)", lambda s: _fmt(s["goodput_rps"])),
+        ("TTFT p50 / p99 (ms)", lambda s: f"{_fmt(s['ttft_s']['p50'], 1e3)} / {_fmt(s['ttft_s']['p99'], 1e3)}"),
+        ("TPOT p50 / p99 (ms)", lambda s: f"{_fmt(s['tpot_s']['p50'], 1e3)} / {_fmt(s['tpot_s']['p99'], 1e3)}"),
+        ("ITL p99 (ms)", lambda s: _fmt(s["itl_s"]["p99"], 1e3)),
+        ("E2E p50 / p99 (s)", lambda s: f"{_fmt(s['e2e_s']['p50'])} / {_fmt(s['e2e_s']['p99'])}"),
+        ("slot utilization", lambda s: _pct(s["utilization"]["slots"])),
+        ("KV utilization", lambda s: _pct(s["utilization"]["kv"])),
+        ("KV waste (reserved, unused)", lambda s: _pct(s["kv_waste"])),
+        ("mean batch (sequences per step)", lambda s: _fmt(s["mean_batch"])),
+        ("MFU / MBU", lambda s: f"{_pct(s['utilization']['mfu'])} / {_pct(s['utilization']['mbu'])}"),
+        ("preemptions", lambda s: str(s["preemptions"])),
+        ("swapped blocks", lambda s: str(s["swapped_blocks"])),
+        ("steps", lambda s: str(s["steps"])),
+    ]
+    if any(result.summaries[label].get("stopped", "drained") != "drained" for label in result.labels):
+        rows.insert(1, ("ended", _ended))
+        rows.insert(2, ("backlog: queued / running / not arrived",
+                        lambda s: "{queued} / {running} / {not_arrived}".format(**s["backlog"])))
+    if slo is not None and any(getattr(slo, k) is not None for k in ("ttft_s", "tpot_s", "e2e_s")):
+        rows.append((f"meets SLO (p{slo.percentile:g})", lambda s: {True: "yes", False: "NO", None: "-"}[s["slo_met"]]))
+    for name, fn in rows:
+        t.add_row(name, *[fn(result.summaries[label]) for label in result.labels])
+    return t
+
+
+def _ended(s: dict) -> str:
+    stopped = s.get("stopped", "drained")
+    if stopped in ("horizon", "time cap"):
+        return f"{stopped} at {_fmt(float(s['end_s']))} s"
+    return stopped
+
+
+def backlog_notes(result) -> list[str]:
+    """One line per policy that rejected requests (how many, and the first one's reason; every
+    reason is in requests.parquet) and one per policy that left requests unfinished (how many,
+    where they were, and why)."""
+    notes = []
+    for label in result.labels:
+        s = result.summaries[label]
+        if s["requests_rejected"]:
+            reqs = result.requests
+            first = reqs[(reqs["policy"] == label) & (reqs["state"] == "rejected")].iloc[0]
+            more = f" (and {s['requests_rejected'] - 1} more; see requests.parquet)" if s["requests_rejected"] > 1 else ""
+            notes.append(f"{label}: {s['requests_rejected']} requests rejected: {first['id']}: "
+                         f"{first['reason']}{more}")
+        if s["requests_unfinished"]:
+            counts = s.get("unfinished_reasons", {})
+            end = s.get("end_s")
+            words = {"horizon": f"when horizon_s ({_fmt(end)} s) was reached" if end is not None else "at the horizon",
+                     "time_cap": f"when the default time cap ({_fmt(end)} s) was reached" if end is not None
+                     else "at the default time cap",
+                     "stuck": "stuck: the policy could not schedule them"}
+            why = "; ".join(f"{n} still held {words[k]}" if k in ("horizon", "time_cap") else f"{n} {words.get(k, k)}"
+                            for k, n in counts.items() if n)
+            b = s.get("backlog", {})
+            left = (f" (queued {b['queued']}, running {b['running']}, not arrived {b['not_arrived']})"
+                    if b else "")
+            notes.append(f"{label}: {s['requests_unfinished']} requests unfinished{left}: {why}")
+    if any(result.summaries[label].get("stopped") == "time cap" for label in result.labels):
+        from sim.runner import CAP_HINT
+
+        notes.append(f"({CAP_HINT})")
+    return notes
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+@app.command("run")
+def run_cmd(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    policy: list[str] = typer.Option(None, "--policy", "-p", help="run only this policy label (repeatable)"),
+    set_: list[str] = typer.Option(None, "--set", help="override a field: a.b.c=value, policies.0.batch_size=16"),
+    out: Path = typer.Option(None, "--out", "-o", help="results folder (default: results/<scenario name>)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved scenario and workload statistics; simulate nothing"),
+    no_plots: bool = typer.Option(False, "--no-plots", help="skip writing PNG plots"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+):
+    """Simulate a scenario's policies on one workload; print a comparison table; write results."""
+    from rich.console import Console
+
+    from sim.runner import run
+    from sim.scenario.schema import load_scenario
+
+    console = Console()
+    scn = load_scenario(scenario, list(set_ or []))
+    if dry_run:
+        from sim.hardware.kv_capacity import resolve_kv
+        from sim.workload.synthetic import build_workload, workload_stats
+
+        # soft_wrap: never re-wrap the YAML at the terminal width (it must stay copy-pasteable)
+        console.print(scn.to_yaml(), highlight=False, markup=False, soft_wrap=True)
+        stats = workload_stats(build_workload(scn))
+        gpu_blocks, cpu_blocks = resolve_kv(scn)
+        console.print("[bold]workload[/]")
+        for k, v in stats.items():
+            console.print(f"  {k}: {v}", highlight=False, soft_wrap=True)
+        console.print(f"[bold]KV cache[/]: {gpu_blocks} GPU blocks of {scn.engine.block_size} tokens, "
+                      f"{cpu_blocks} CPU swap blocks", highlight=False)
+        return
+    from sim.results import RunResult
+
+    target = RunResult.check_target(out or Path("results") / scn.name)  # refuse before a long run
+    result = run(scn, policies=policy or None, progress=not quiet)
+    if not console.is_terminal:  # piped or logged: room for every policy's column, not 80 columns
+        console.width = max(console.width, 40 + 18 * len(result.labels))
+    console.print(comparison_table(result))
+    for note in backlog_notes(result):
+        console.print(f"[yellow]{note}[/]", highlight=False)
+    result.save(target, plots=not no_plots)
+    shown = out or Path("results") / scn.name
+    console.print(f"results: {shown}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"
+                  f"{', plots' if not no_plots else ''})", highlight=False)

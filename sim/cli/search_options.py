@@ -1,0 +1,40 @@
+"""What ``cbsim capacity`` and ``cbsim plan`` share (not a command itself).
+
+Both search, one policy per worker (local processes or Ray), over full simulations of a scenario
+that has an SLO, and can write their answer as JSON; so they take the same options, defined here
+once, and write the JSON the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+ScenarioArg = Annotated[Path, typer.Argument(help="scenario YAML file (with an slo: section)")]
+PolicyOpt = Annotated[list[str], typer.Option("--policy", "-p", help="only this policy label (repeatable)")]
+SetOpt = Annotated[list[str], typer.Option("--set", help="override a field: a.b.c=value")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="local or ray")]
+RayAddressOpt = Annotated[str, typer.Option("--ray-address", help="an existing Ray cluster (with --backend ray)")]
+
+
+def workers_option(what: str):
+    return typer.Option(None, "--workers", "-j", help=f"policies {what} in parallel (default: min(policies, CPUs))")
+
+
+def load(scenario: Path, set_: list[str] | None):
+    """The scenario with the ``--set`` overrides applied."""
+    from sim.scenario.schema import load_scenario
+
+    return load_scenario(scenario, list(set_ or []))
+
+
+def write_json(console, path: Path | None, payload: dict) -> None:
+    """``--json PATH``: write ``payload`` there (making its folder) and say where."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    console.print(f"results: {path}", highlight=False)

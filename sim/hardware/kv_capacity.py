@@ -1,0 +1,117 @@
+"""How many KV-cache blocks a GPU holds, computed the way vLLM computes it.
+
+vLLM (``Worker.determine_available_memory`` then ``get_kv_cache_config``) takes the GPU's total
+memory times ``gpu_memory_utilization``, subtracts what the model needs outside the KV cache
+(its weights, plus the peak activation and non-torch memory measured by a profiling forward pass
+over ``max_num_batched_tokens`` tokens), and divides the rest by the bytes of one block:
+
+    num_gpu_blocks = (memory × gpu_memory_utilization − weights − activation reserve)
+                     // (block_size × 2 × kv_heads_per_rank × head_dim × dtype_bytes × layers)
+
+Everything is per GPU: with tensor parallelism each GPU holds its shard of the weights and of
+the KV heads, and every GPU holds the same number of blocks (one block = block_size tokens).
+
+We do not profile, so the activation reserve is a parameter (``hardware.activation_reserve_gib``,
+see :class:`sim.scenario.schema.Hardware` for why 1 GiB is the default). The CPU swap pool is
+``swap_space_gib`` GiB of host memory per GPU divided by the same block size, as vLLM's
+``swap_space`` does.
+
+vLLM V1 keeps block 0 as its *null block*, so a pool of N blocks has N − 1 usable ones;
+:func:`resolve_kv` returns usable counts, the unit of ``EngineLimits.num_gpu_blocks`` and of the
+scenario key ``engine.num_gpu_blocks``.
+"""
+
+from __future__ import annotations
+
+from sim.errors import CbsimError
+from sim.hardware.gpus import GPUSpec, get_gpu
+from sim.hardware.models import ModelSpec, get_model
+
+GIB = 1 << 30
+# Most KV blocks cbsim simulates (over all replicas): vllm-v1's pool keeps a few integers per
+# block, so beyond this a run would exhaust memory before it started.
+MAX_KV_BLOCKS = 1 << 24
+
+
+def block_bytes(model: ModelSpec, block_size: int, tp: int = 1) -> int:
+    """Bytes of one KV block on one GPU."""
+    return block_size * model.kv_bytes_per_token(tp)
+
+
+def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int, tp: int = 1) -> int:
+    """vLLM's ``num_gpu_blocks`` (the whole pool, null block included) for one GPU.
+
+    ``hardware_cfg`` supplies ``gpu_memory_utilization`` and ``activation_reserve_gib`` (the
+    scenario's ``hardware`` section, or any object with those attributes). Raises
+    :class:`CbsimError` stating bytes needed and available when not even one block fits.
+    """
+    util = hardware_cfg.gpu_memory_utilization
+    reserve = int(hardware_cfg.activation_reserve_gib * GIB)
+    budget = gpu.memory_bytes * util
+    weights = model.weight_bytes(tp)
+    per_block = block_bytes(model, block_size, tp)
+    available = budget - weights - reserve
+    if available < per_block:
+        needed = weights + reserve + per_block
+        raise CbsimError(
+            f"model {model.name!r} does not fit on {gpu.name} with tensor_parallel={tp}: each GPU needs "
+            f"{_bytes(weights)} of weights + {_bytes(reserve)} activation reserve + at least one KV block "
+            f"({_bytes(per_block)}) = {needed:,} bytes ({_bytes(needed)}), but "
+            f"{gpu.memory_bytes:,} bytes × gpu_memory_utilization {util} = {int(budget):,} bytes "
+            f"({_bytes(budget)}) are available. Raise hardware.tensor_parallel, choose a GPU with more "
+            f"memory, raise hardware.gpu_memory_utilization, or use a smaller model."
+        )
+    return int(available // per_block)
+
+
+def num_cpu_blocks(swap_space_gib: float, model: ModelSpec, block_size: int, tp: int = 1) -> int:
+    """Blocks of the CPU swap pool: ``swap_space_gib`` GiB per GPU // bytes per block."""
+    return int(swap_space_gib * GIB) // block_bytes(model, block_size, tp)
+
+
+def resolve_kv(scenario) -> tuple[int, int]:
+    """(usable GPU blocks, CPU swap blocks) for one replica of a scenario.
+
+    ``engine.num_gpu_blocks`` pins the usable count; otherwise it is :func:`num_gpu_blocks`
+    minus vLLM V1's null block. A computed pool that cannot hold one ``max_model_len`` request is
+    an error, as in vLLM (``max_model_len`` larger than the KV cache can store), and so is one
+    of more than ``MAX_KV_BLOCKS`` blocks over all replicas (a tiny model with block_size 1 on a
+    big GPU: tens of millions of blocks would exhaust the simulator's memory before it started).
+    """
+    usable, cpu = _resolve_kv(scenario)
+    replicas = scenario.replicas.count
+    if usable * replicas > MAX_KV_BLOCKS:
+        eng = scenario.engine
+        raise CbsimError(
+            f"the KV cache would have {usable:,} blocks of {eng.block_size} tokens per replica × {replicas} "
+            f"replica(s), more than the {MAX_KV_BLOCKS:,} blocks cbsim simulates; raise engine.block_size, "
+            f"lower hardware.gpu_memory_utilization, or pin engine.num_gpu_blocks"
+        )
+    return usable, cpu
+
+
+def _resolve_kv(scenario) -> tuple[int, int]:
+    model = get_model(scenario.model)
+    gpu = get_gpu(scenario.hardware.gpu)
+    tp = scenario.hardware.tensor_parallel
+    eng = scenario.engine
+    cpu = num_cpu_blocks(eng.swap_space_gib, model, eng.block_size, tp)
+    if eng.num_gpu_blocks is not None:
+        return eng.num_gpu_blocks, cpu
+    usable = num_gpu_blocks(model, gpu, scenario.hardware, eng.block_size, tp) - 1
+    if usable * eng.block_size < eng.max_model_len:
+        raise CbsimError(
+            f"the KV cache of {model.name!r} on {gpu.name} holds {usable} blocks × {eng.block_size} = "
+            f"{usable * eng.block_size} tokens, fewer than engine.max_model_len ({eng.max_model_len}): "
+            f"lower engine.max_model_len, raise hardware.gpu_memory_utilization or tensor_parallel, "
+            f"or pin engine.num_gpu_blocks"
+        )
+    return usable, cpu
+
+
+def _bytes(n: float) -> str:
+    """GiB for weights, MiB or KiB for a block: never "0.00 GiB"."""
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} bytes"

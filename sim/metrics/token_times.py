@@ -1,0 +1,117 @@
+"""Token times from runs: every token's time, and exact inter-token-latency statistics.
+
+Why a module of its own: a request's token times are stored as runs of consecutive steps
+(``sim.metrics.requests``), not per token, so a million-request run does not hold a float per
+token. Expanding runs into times, and computing the ITL mean and percentiles straight from the
+runs as a weighted multiset (identical to ``numpy.percentile`` on the full list), is numerics
+apart from recording.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def token_run_arrays(replicas, records):
+    """Arrays over every run of the given records, in order: its first step (an index into
+    every replica's steps laid end to end, as :func:`all_end_times`), its length, and per record
+    the number of runs."""
+    offsets, total = [], 0
+    for s in replicas:
+        offsets.append(total)
+        total += len(s)
+    starts, lengths, counts = [], [], []
+    for r in records:
+        n_runs = 0
+        base = offsets[r.replica] if r.steps is not None else 0
+        for first, n in r.token_runs():
+            starts.append(base + first)
+            lengths.append(n)
+            n_runs += 1
+        counts.append(n_runs)
+    return (np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
+            np.asarray(counts, dtype=np.int64))
+
+
+def all_end_times(replicas) -> np.ndarray:
+    """Every replica's step end times, laid end to end in replica order."""
+    if not replicas:
+        return np.zeros(0)
+    return np.concatenate([s.end_times() for s in replicas])
+
+
+def flat_token_times(replicas, records) -> tuple[np.ndarray, np.ndarray]:
+    """Every token time of ``records``, flattened, and each record's token count."""
+    starts, lengths, _ = token_run_arrays(replicas, records)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0), np.asarray([r.generated for r in records], dtype=np.int64)
+    run_off = np.cumsum(lengths) - lengths
+    idx = np.arange(total, dtype=np.int64) + np.repeat(starts - run_off, lengths)
+    return all_end_times(replicas)[idx], np.asarray([r.generated for r in records], dtype=np.int64)
+
+
+def itl_stats_from_runs(replicas, records) -> dict:
+    """Mean and percentiles of every gap between consecutive tokens of a request, over
+    ``records``, computed from the runs without building the per-token list.
+
+    Within a run, a gap is the difference of two consecutive step end times, so each
+    step's gap is counted once per request decoding across it (a weighted multiset);
+    gaps across runs are added one by one. Percentiles are order statistics of that
+    multiset, interpolated as ``numpy.percentile`` does (its default, linear method), so
+    they equal what ``numpy.percentile`` gives on the full list."""
+    from sim.metrics.summary import PERCENTILES
+
+    starts, lengths, counts = token_run_arrays(replicas, records)
+    ends = all_end_times(replicas)
+    n_steps = len(ends)
+    weight = np.zeros(n_steps + 1, dtype=np.int64)
+    long_runs = lengths > 1
+    np.add.at(weight, starts[long_runs], 1)
+    np.add.at(weight, starts[long_runs] + lengths[long_runs] - 1, -1)
+    weight = np.cumsum(weight)[: max(n_steps - 1, 0)]
+    gaps = np.diff(ends) if n_steps > 1 else np.zeros(0)
+    # gaps between the runs of one request: previous run's last token to next run's first
+    multi = np.flatnonzero(counts > 1)
+    cross = []
+    if multi.size:
+        first_run = np.cumsum(counts) - counts
+        for i in multi:
+            a = int(first_run[i])
+            for j in range(a, a + int(counts[i]) - 1):
+                cross.append(ends[starts[j + 1]] - ends[starts[j] + lengths[j] - 1])
+    keep = weight > 0
+    values = np.concatenate([gaps[keep], np.asarray(cross, dtype=np.float64)])
+    weights = np.concatenate([weight[keep], np.ones(len(cross), dtype=np.int64)])
+    return weighted_stats(values, weights, PERCENTILES)
+
+
+def weighted_stats(values: np.ndarray, weights: np.ndarray, percentiles) -> dict:
+    """``sim.metrics.summary.stats`` of a multiset given as distinct-or-not values with integer counts."""
+    n = int(weights.sum()) if len(weights) else 0
+    if n == 0:
+        return {"mean": None, **{f"p{p}": None for p in percentiles}}
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    cum = np.cumsum(weights[order])
+    out = {"mean": float(np.dot(values, weights.astype(np.float64)) / n)}
+
+    def nth(i: int) -> np.float64:  # the i-th smallest element (0-based) of the multiset
+        return v[int(np.searchsorted(cum, i, side="right"))]
+
+    for p in percentiles:
+        # numpy.percentile, method "linear": virtual index (n - 1) * q, then its _lerp
+        q = np.true_divide(p, 100)
+        virtual = (n - 1) * q
+        lo = math.floor(virtual)
+        if virtual >= n - 1:
+            out[f"p{p}"] = float(nth(n - 1))
+            continue
+        a, b = nth(lo), nth(lo + 1)
+        gamma = np.float64(virtual - lo)
+        diff = b - a
+        value = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+        out[f"p{p}"] = float(value)
+    return out

@@ -1,0 +1,135 @@
+"""Plan: how many replicas meet the SLO at a target rate, and what they cost.
+
+For each policy, the smallest ``replicas.count`` whose run at ``workload.arrival.rate = R``
+meets the SLO (summary ``slo_met``), with the scenario's router (``replicas.router``) spreading
+the arrivals. The search doubles the count (1, 2, 4, ...) until a run meets the SLO, then
+bisects between the last count that failed and the first that met, so the answer ``n`` is
+verified both ways: ``n`` replicas meet the SLO and ``n − 1`` do not (both were simulated),
+assuming more replicas never hurt (true of every router here for a fixed workload, up to the
+noise of a finite one).
+
+Cost. One replica is one tensor-parallel group of ``hardware.count`` GPUs (which equals
+``hardware.tensor_parallel``), so the plan uses ``GPUs = replicas × hardware.count``. Running
+them for an hour of traffic costs ``GPUs`` GPU-hours, i.e. ``GPUs × cost_per_gpu_hour`` per
+hour; at R requests per second an hour serves ``3600·R`` requests, so
+
+    cost per million requests = GPUs × cost_per_gpu_hour / (3600 · R) × 10⁶.
+
+This is the cost of provisioning for R (all the replicas stay up for the hour), not of only the
+busy time; without ``cost_per_gpu_hour`` only GPU-hours are reported.
+
+The workload is the scenario's ``num_requests`` spread over all replicas, so each replica sees
+about ``num_requests / n``; the finite-workload caveat of :mod:`sim.planning.capacity` applies per replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+from sim.errors import CbsimError
+from sim.planning.capacity import labels_of, require_rate, require_slo
+
+DEFAULT_MAX_REPLICAS = 64
+
+
+@dataclass
+class Plan:
+    policy: str
+    target_rate_rps: float
+    router: str
+    replicas: int | None  # None: not met with max_replicas
+    max_replicas: int
+    gpus_per_replica: int
+    gpus: int | None
+    gpu_hours_per_hour: float | None
+    cost_per_gpu_hour: float | None
+    cost_per_hour: float | None
+    cost_per_million_requests: float | None
+    runs: int
+    probes: list[tuple[int, bool]] = field(default_factory=list)  # (replicas, met), in run order
+    summary: dict = field(default_factory=dict, repr=False)  # the run with `replicas` replicas
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["probes"] = [list(p) for p in self.probes]
+        return d
+
+
+def costs(replicas: int, gpus_per_replica: int, rate: float, price: float | None) -> dict:
+    gpus = replicas * gpus_per_replica
+    out = {"gpus": gpus, "gpu_hours_per_hour": float(gpus), "cost_per_hour": None,
+           "cost_per_million_requests": None}
+    if price is not None:
+        out["cost_per_hour"] = gpus * price
+        out["cost_per_million_requests"] = gpus * price / (3600.0 * rate) * 1e6
+    return out
+
+
+def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT_MAX_REPLICAS) -> Plan:
+    """The smallest replica count for one policy (see the module docstring)."""
+    from sim.runner import run
+
+    summaries: dict[int, dict] = {}
+    order: list[int] = []
+
+    def met(n: int) -> bool:
+        if n not in summaries:
+            result = run(scn, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
+                         policies=[label])
+            summaries[n] = result.summaries[label]
+            order.append(n)
+        return bool(summaries[n]["slo_met"])
+
+    best = None
+    fail, n = 0, 1
+    while True:
+        if met(n):
+            best = n
+            break
+        fail = n
+        if n >= max_replicas:
+            break
+        n = min(n * 2, max_replicas)
+    if best is not None:
+        while best - fail > 1:
+            mid = (fail + best) // 2
+            if met(mid):
+                best = mid
+            else:
+                fail = mid
+    per = scn.hardware.count
+    c = costs(best, per, target_rate, scn.cost_per_gpu_hour) if best is not None else {}
+    return Plan(
+        policy=label, target_rate_rps=target_rate, router=scn.replicas.router, replicas=best,
+        max_replicas=max_replicas, gpus_per_replica=per, gpus=c.get("gpus"),
+        gpu_hours_per_hour=c.get("gpu_hours_per_hour"), cost_per_gpu_hour=scn.cost_per_gpu_hour,
+        cost_per_hour=c.get("cost_per_hour"), cost_per_million_requests=c.get("cost_per_million_requests"),
+        runs=len(order), probes=[(k, bool(summaries[k]["slo_met"])) for k in order],
+        summary=summaries[best] if best is not None else {},
+    )
+
+
+def plan(scenario, target_rate: float, overrides: Iterable[str] = (), policies: Iterable[str] | None = None,
+         max_replicas: int = DEFAULT_MAX_REPLICAS, workers: int | None = None, backend: str = "local",
+         ray_address: str | None = None) -> dict[str, Plan]:
+    """A plan per (chosen) policy, searched in parallel over policies; label -> Plan."""
+    from sim.planning.sweep import execute
+    from sim.scenario.schema import load_scenario
+
+    if not target_rate > 0:
+        raise CbsimError(f"--target-rate must be a positive number of requests per second, got {target_rate}")
+    if max_replicas < 1:
+        raise CbsimError(f"--max-replicas must be at least 1, got {max_replicas}")
+    scn = load_scenario(scenario, list(overrides))
+    require_slo(scn, "plan")
+    require_rate(scn, "plan")
+    labels = labels_of(scn, policies)
+    results: dict[str, Plan] = {}
+
+    def keep(i: int, res: Plan) -> None:
+        results[labels[i]] = res
+
+    execute(plan_policy, [(scn, label, float(target_rate), max_replicas) for label in labels], keep,
+            backend=backend, workers=workers, ray_address=ray_address)
+    return {label: results[label] for label in labels}

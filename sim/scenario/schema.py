@@ -1,0 +1,683 @@
+"""Scenarios: one YAML file that describes everything a run needs, validated before anything runs.
+
+The key names are an interface (scripts, ``--set`` and the results' ``scenario.yaml`` use them),
+so they follow DESIGN.md. Every section is a pydantic model that forbids unknown keys, and every
+field has a default and a description (``sim.scenario.docs.field_docs(Scenario)`` lists them for the README).
+Values are checked strictly: ``block_size: "16"`` is an error, not a silent conversion.
+
+A mistake becomes one :class:`sim.errors.ScenarioError` whose message names the file, the key
+path (``engine.max_num_seqs``, ``policies.1.batch_size``), what was expected and the nearest
+valid key, instead of pydantic's multi-line report (``sim.scenario.errors`` writes it; the key
+table comes from ``sim.scenario.docs``).
+
+Policy entries are open-ended: besides ``name`` and ``label`` an entry takes the knobs its policy
+declares (``policies.registry.POLICIES[name].KNOBS``), looked up when the scenario is validated.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sim.errors import CbsimError, ScenarioError, nearest
+from sim.hardware.kv_capacity import MAX_KV_BLOCKS
+from sim.scenario.errors import KeyedError, format_validation_error, show_value
+from sim.scenario.overrides import StrictLoader, apply_overrides
+
+GIB = 1 << 30
+
+
+def policy_registry() -> dict:
+    """``policies.registry.POLICIES``, imported when a scenario is validated (not at import)."""
+    from policies.registry import POLICIES
+
+    return POLICIES
+
+
+def _cfg(**extra: Any) -> ConfigDict:
+    # allow_inf_nan=False: `.inf` or `.nan` in YAML is a mistake, never a rate or a length
+    return ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, **extra)
+
+
+# Sizes past which a run would exhaust memory before it started: refused with a clear message
+# instead of an allocation error (10 million requests take several GB as request objects;
+# MAX_KV_BLOCKS: see sim.hardware.kv_capacity).
+MAX_REQUESTS = 10_000_000
+MAX_REPLICAS = 1024
+MAX_TOKENS = 10**9  # any token count (lengths, limits): far above every model's context, inside int64
+
+
+# ------------------------------------------------------------------------------------------------
+# model
+# ------------------------------------------------------------------------------------------------
+class ModelSpecConfig(BaseModel):
+    """An inline model spec, for a model that is not in ``sim.hardware.models.MODELS``."""
+
+    model_config = _cfg()
+
+    name: str = Field("inline", description="a name for the model in outputs")
+    num_layers: int = Field(gt=0, description="decoder layers (required)")
+    hidden_size: int = Field(gt=0, description="model width (required)")
+    num_heads: int = Field(gt=0, description="attention (query) heads (required)")
+    num_kv_heads: int | None = Field(None, gt=0, description="KV heads (grouped-query attention); null: num_heads")
+    head_dim: int | None = Field(None, gt=0, description="per-head width; null: hidden_size / num_heads")
+    intermediate_size: int = Field(gt=0, description="MLP width (required)")
+    vocab_size: int = Field(gt=0, description="vocabulary size (required)")
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="weight and KV-cache dtype")
+    tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpecConfig:
+        from sim.hardware.models import get_model
+
+        try:
+            spec = get_model(self)
+        except CbsimError as exc:
+            raise ValueError(str(exc)) from None
+        self.num_kv_heads, self.head_dim = spec.num_kv_heads, spec.head_dim  # resolved, for to_yaml
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# hardware, latency, engine
+# ------------------------------------------------------------------------------------------------
+class Hardware(BaseModel):
+    """The GPUs of ONE replica (a tensor-parallel group); ``replicas.count`` copies it."""
+
+    model_config = _cfg()
+
+    gpu: str = Field("h200", description="GPU id: h100-sxm, h200, a100-80gb, l40s, cpu (sim.hardware.gpus.GPUS)")
+    count: int = Field(1, ge=1, description="GPUs per replica; must equal tensor_parallel (the default "
+                                            "follows it); total GPUs = count × replicas.count")
+    tensor_parallel: int = Field(1, ge=1, description="tensor-parallel GPUs: weights and KV heads are "
+                                                      "sharded over them")
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="fraction of GPU memory vLLM may "
+                                          "use for weights, activations and KV cache (vLLM's flag)")
+    activation_reserve_gib: float = Field(
+        1.0, ge=0,
+        description="GiB per GPU kept for activations and non-torch memory, subtracted before KV "
+                    "blocks are counted; stands in for vLLM's profiling pass (1 GiB: about the "
+                    "peak activation memory of Llama-3-8B at 8192 batched tokens)")
+    # Why 1 GiB: vLLM measures the peak memory of a forward pass over max_num_batched_tokens
+    # tokens. For Llama-3-8B at 8192 tokens in bf16 that peak is the MLP of one layer: the
+    # gate/up output (8192 x 28672 x 2 B = 448 MiB) plus its SwiGLU product (224 MiB) plus the
+    # hidden and residual streams (2 x 64 MiB), about 0.8 GiB, plus cuBLAS/NCCL workspaces and
+    # the sampler's logits (256 x 128256 fp32 = 125 MiB): roughly 1 GiB. Bigger models or token
+    # budgets need more; pin engine.num_gpu_blocks to match a real server exactly.
+
+    @model_validator(mode="after")
+    def _check(self) -> Hardware:
+        if "count" not in self.model_fields_set:
+            self.count = self.tensor_parallel
+        elif self.count != self.tensor_parallel:
+            raise KeyedError("count", f"{self.count} GPUs per replica but hardware.tensor_parallel is "
+                                      f"{self.tensor_parallel}: one replica is one tensor-parallel group, so "
+                                      f"set both to the same value (or drop count: it follows "
+                                      f"tensor_parallel); use replicas.count for more copies")
+        return self
+
+
+class Latency(BaseModel):
+    """Where step times come from (``sim.latency``)."""
+
+    model_config = _cfg()
+
+    backend: Literal["roofline", "constant", "table"] = Field(
+        "roofline", description="roofline (datasheet peak rates), constant (every step step_s), or "
+                                "table (a measured or fitted latency table at path)")
+    step_s: float | None = Field(None, gt=0, description="seconds per step; required for backend "
+                                                         "constant, unused otherwise")
+    path: str | None = Field(None, description="latency table folder or file; required for backend "
+                                               "table, unused otherwise")
+    overhead_s: float | None = Field(None, ge=0, description="per-step fixed overhead in seconds "
+                                     "(roofline, table); null: the backend's own default")
+
+    @model_validator(mode="after")
+    def _check(self) -> Latency:
+        if self.backend == "constant" and self.step_s is None:
+            raise KeyedError("step_s", "required for backend 'constant' (seconds per step)")
+        if self.backend != "constant" and self.step_s is not None:
+            raise KeyedError("step_s", f"only used by backend 'constant', not {self.backend!r}")
+        if self.backend == "table" and not self.path:
+            raise KeyedError("path", "required for backend 'table' (a latency table folder or file)")
+        if self.backend != "table" and self.path is not None:
+            raise KeyedError("path", f"only used by backend 'table', not {self.backend!r}")
+        if self.backend == "constant" and self.overhead_s is not None:
+            raise KeyedError("overhead_s", "not used by backend 'constant' (step_s is the whole step)")
+        return self
+
+
+class Engine(BaseModel):
+    """Engine-wide limits, with vLLM's names and defaults."""
+
+    model_config = _cfg()
+
+    block_size: int = Field(16, ge=1, le=MAX_TOKENS, description="tokens per KV block (a power of two)")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_TOKENS, description="most requests running at once")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS,
+                                        description="token budget of one step (>= block_size)")
+    max_model_len: int = Field(8192, ge=1, le=MAX_TOKENS,
+                               description="longest prompt + output; longer requests are rejected")
+    swap_space_gib: float = Field(4.0, ge=0, description="GiB of host memory per GPU for swapped-out KV blocks")
+    num_gpu_blocks: int | None = Field(None, ge=1, le=MAX_KV_BLOCKS,
+                                       description="pin the usable KV block count; null: computed from "
+                                                   "memory as vLLM does (sim.hardware.kv_capacity)")
+    enable_prefix_caching: bool = Field(False, description="reuse KV blocks of identical prompt prefixes "
+                                                           "(policies that support it)")
+
+    @model_validator(mode="after")
+    def _check(self) -> Engine:
+        if self.block_size & (self.block_size - 1):
+            raise KeyedError("block_size", f"must be a power of two, got {self.block_size}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise KeyedError("max_num_batched_tokens", f"must be >= block_size ({self.block_size}), "
+                                                       f"got {self.max_num_batched_tokens}")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# workload
+# ------------------------------------------------------------------------------------------------
+class Arrival(BaseModel):
+    """When requests arrive."""
+
+    model_config = _cfg()
+
+    process: Literal["poisson", "gamma", "constant", "trace"] = Field(
+        "poisson", description="poisson (exponential gaps), gamma (gaps with coefficient of variation cv), "
+                               "constant (equal gaps), trace (the trace's timestamps)")
+    rate: float | None = Field(None, gt=0, description="requests per second; required unless process is trace")
+    cv: float | None = Field(None, gt=0, description="coefficient of variation of the gaps; required for "
+                                                     "gamma (1 = Poisson, >1 burstier)")
+
+    @model_validator(mode="after")
+    def _check(self) -> Arrival:
+        if self.process == "trace" and self.rate is not None:
+            raise KeyedError("rate", "not used with process 'trace' (arrivals are the trace's timestamps); "
+                                     "scale them with workload.trace.rate_scale")
+        if self.process != "trace" and self.rate is None:
+            raise KeyedError("rate", f"required for process {self.process!r} (requests per second)")
+        if self.process == "gamma" and self.cv is None:
+            raise KeyedError("cv", "required for process 'gamma' (coefficient of variation of the gaps)")
+        if self.process != "gamma" and self.cv is not None:
+            raise KeyedError("cv", f"only used by process 'gamma', not {self.process!r}")
+        return self
+
+
+_DIST_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "p99"), "trace": ()}
+
+
+class LengthDist(BaseModel):
+    """A distribution of token counts."""
+
+    model_config = _cfg()
+
+    dist: Literal["fixed", "uniform", "lognormal", "trace"] = Field(
+        "fixed", description="fixed {value}, uniform {min, max} (inclusive), lognormal {mean, p99}, or "
+                             "trace (the trace's own lengths)")
+    value: int | None = Field(None, ge=1, le=MAX_TOKENS, description="tokens (fixed)")
+    min: int | None = Field(None, ge=1, le=MAX_TOKENS, description="smallest length (uniform)")
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="largest length (uniform)")
+    mean: float | None = Field(None, gt=0, le=MAX_TOKENS, description="mean length (lognormal)")
+    p99: float | None = Field(None, gt=0, le=MAX_TOKENS, description="99th-percentile length (lognormal), > mean")
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthDist:
+        needed = _DIST_PARAMS[self.dist]
+        for key in ("value", "min", "max", "mean", "p99"):
+            given = getattr(self, key) is not None
+            if key in needed and not given:
+                raise KeyedError(key, f"required for dist {self.dist!r}")
+            if key not in needed and given:
+                use = [d for d, ps in _DIST_PARAMS.items() if key in ps][0]
+                raise KeyedError(key, f"not used by dist {self.dist!r} (it belongs to dist {use!r}); "
+                                      f"dist {self.dist!r} takes {', '.join(needed) or 'nothing'}")
+        if self.dist == "uniform" and self.min > self.max:
+            raise KeyedError("min", f"must be <= max ({self.max}), got {self.min}")
+        if self.dist == "lognormal":
+            from sim.workload.distributions import lognormal_params
+
+            try:
+                lognormal_params(self.mean, self.p99)
+            except CbsimError as exc:
+                raise KeyedError("p99", str(exc)) from None
+        return self
+
+
+class TraceSource(BaseModel):
+    """A trace file to replay (``sim.workload.traces``)."""
+
+    model_config = _cfg()
+
+    path: str = Field(description="trace file (required); relative paths are tried from the current "
+                                  "directory, then from the scenario file's folder")
+    format: Literal["azure", "mooncake", "csv"] | None = Field(
+        None, description="azure (TIMESTAMP,ContextTokens,GeneratedTokens), mooncake (JSONL with hash_ids), "
+                          "csv (arrival_s,prompt_tokens,output_tokens); null: detected from the file")
+    rate_scale: float = Field(1.0, gt=0, description="divide arrival times by this (2 = twice the rate)")
+    window_s: list[float] | None = Field(None, min_length=2, max_length=2,
+                                         description="[start, end) in the trace's seconds, applied before "
+                                                     "rate_scale; arrivals re-based to start; null: whole trace")
+
+    @model_validator(mode="after")
+    def _check(self) -> TraceSource:
+        if self.window_s is not None:
+            start, end = self.window_s
+            if start < 0 or not start < end:
+                raise KeyedError("window_s", f"must be [start, end) with 0 <= start < end, got {self.window_s}")
+        return self
+
+
+class Prefix(BaseModel):
+    """Synthetic shared prefixes (system prompts, few-shot examples) for prefix caching."""
+
+    model_config = _cfg()
+
+    num_groups: int = Field(1, ge=1, le=MAX_REQUESTS,
+                            description="distinct shared prefixes; each request draws one uniformly")
+    prefix_len: int = Field(ge=1, le=MAX_TOKENS, description="tokens of the shared prefix (required); a "
+                                                             "prompt shorter than this is all prefix")
+
+
+class InlineRequest(BaseModel):
+    """One request written out in the scenario."""
+
+    model_config = _cfg()
+
+    arrival_s: float = Field(0.0, ge=0, description="arrival time in seconds")
+    prompt_tokens: int = Field(ge=1, le=MAX_TOKENS, description="prompt length (required)")
+    output_tokens: int = Field(ge=1, le=MAX_TOKENS, description="tokens it really generates (required)")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                   description="the client's limit (>= output_tokens); null: "
+                                               "workload.max_tokens, else output_tokens")
+    priority: int = Field(0, ge=-MAX_TOKENS, le=MAX_TOKENS,
+                          description="scheduling priority (policies that use it; lower runs first)")
+
+    @model_validator(mode="after")
+    def _check(self) -> InlineRequest:
+        if self.max_tokens is not None and self.max_tokens < self.output_tokens:
+            raise KeyedError("max_tokens", f"must be >= output_tokens ({self.output_tokens}), got {self.max_tokens}")
+        return self
+
+
+def _default_arrival() -> Arrival:
+    return Arrival(process="poisson", rate=1.0)
+
+
+def _default_prompt() -> LengthDist:
+    # Azure LLM inference trace, conversation (Patel et al., Splitwise, ISCA'24): mean 1155, p99 4142.
+    return LengthDist(dist="lognormal", mean=1155, p99=4142)
+
+
+def _default_output() -> LengthDist:
+    # Same trace: output mean 211, p99 601.
+    return LengthDist(dist="lognormal", mean=211, p99=601)
+
+
+class Workload(BaseModel):
+    """What requests arrive: synthetic, replayed from a trace, or written out (``requests``)."""
+
+    model_config = _cfg()
+
+    num_requests: int | None = Field(1000, ge=1, le=MAX_REQUESTS,
+                                     description="requests to generate (synthetic); with a "
+                                     "trace the first N of the window (default: all); with requests: "
+                                     "their count")
+    arrival: Arrival = Field(default_factory=_default_arrival,
+                             description="arrival process; default Poisson at 1 req/s (with a trace: its "
+                                         "timestamps)")
+    prompt_tokens: LengthDist = Field(default_factory=_default_prompt,
+                                      description="prompt lengths; default lognormal mean 1155, p99 4142 (Azure "
+                                                  "conversation trace; with a trace: its lengths)")
+    output_tokens: LengthDist = Field(default_factory=_default_output,
+                                      description="output lengths (where EOS comes); default lognormal mean 211, "
+                                                  "p99 601 (Azure conversation trace; with a trace: its lengths)")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                   description="the clients' max_tokens for every request (outputs "
+                                   "longer are cut to it); null: max_model_len - prompt for synthetic lengths, "
+                                   "output_tokens for traces and written-out requests")
+    trace: TraceSource | None = Field(None, description="replay a trace file; null: synthetic")
+    prefix: Prefix | None = Field(None, description="shared prompt prefixes; null: every prompt unique")
+    requests: list[InlineRequest] | None = Field(None, min_length=1, description="requests written out one by "
+                                                 "one (then arrival, prompt_tokens and output_tokens are unused); "
+                                                 "null: generated")
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        explicit = self.model_fields_set
+        if self.requests is not None:
+            for key in ("trace", "prefix"):
+                if getattr(self, key) is not None:
+                    raise KeyedError(key, "cannot be combined with workload.requests (written-out requests)")
+            if "num_requests" not in explicit:
+                self.num_requests = None
+            elif self.num_requests not in (None, len(self.requests)):
+                raise KeyedError("num_requests", f"is {self.num_requests} but workload.requests lists "
+                                                 f"{len(self.requests)}; drop num_requests")
+            return self
+        if self.trace is not None:
+            if "arrival" not in explicit:
+                self.arrival = Arrival(process="trace")
+            if "prompt_tokens" not in explicit:
+                self.prompt_tokens = LengthDist(dist="trace")
+            if "output_tokens" not in explicit:
+                self.output_tokens = LengthDist(dist="trace")
+            if "num_requests" not in explicit:
+                self.num_requests = None
+        else:
+            if self.arrival.process == "trace":
+                raise KeyedError("arrival.process", "'trace' needs workload.trace {path, format}")
+            for key in ("prompt_tokens", "output_tokens"):
+                if getattr(self, key).dist == "trace":
+                    raise KeyedError(f"{key}.dist", "'trace' needs workload.trace {path, format}")
+            if self.num_requests is None:
+                raise KeyedError("num_requests", "required for a synthetic workload (how many requests)")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# policies, SLO, replicas
+# ------------------------------------------------------------------------------------------------
+class PolicyEntry(BaseModel):
+    """One policy to simulate, with its knobs (``cbsim policies`` lists them)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str = Field(description="policy id (required): a key of policies.registry.POLICIES")
+    label: str | None = Field(None, description="the name in results and plots; default: name; unique")
+
+    @model_validator(mode="after")
+    def _check(self) -> PolicyEntry:
+        registry = policy_registry()
+        if self.name not in registry:
+            raise KeyedError("name", f"unknown policy {self.name!r}{nearest(self.name, registry)}; "
+                                     f"policies: {', '.join(registry)}")
+        cls = registry[self.name]
+        knobs = getattr(cls, "KNOBS", {})
+        for key, value in (self.__pydantic_extra__ or {}).items():
+            if key not in knobs:
+                allowed = ["name", "label", *knobs]
+                raise KeyedError(key, f" for policy {self.name!r}{nearest(key, allowed)}; "
+                                      f"allowed keys: {', '.join(allowed)}", unknown=True)
+            problem = _knob_type_problem(knobs[key], value)
+            if problem:
+                raise KeyedError(key, problem)
+        _check_knob_values(cls, self.__pydantic_extra__ or {})
+        if self.label is None:
+            self.label = self.name
+        return self
+
+    def knobs(self) -> dict[str, Any]:
+        """The knobs this entry sets (the policy supplies its defaults for the rest)."""
+        return dict(self.__pydantic_extra__ or {})
+
+
+def _check_knob_values(cls, knobs: dict[str, Any]) -> None:
+    """Knob *values* (chunk_size >= 1, preemption in {recompute, swap}, ...) are checked by the
+    policy's own constructor; build one on default limits now, so a bad value is a scenario
+    error naming the key rather than a crash when the run starts."""
+    from policies.base import EngineLimits
+
+    try:
+        cls(EngineLimits(), **knobs)
+    except (ValueError, TypeError) as exc:
+        text = str(exc)
+        key = next((k for k in knobs if k in text), next(iter(knobs), "name"))
+        value = knobs.get(key)
+        hint = nearest(str(value), _knob_choices(text)) if isinstance(value, str) else ""
+        raise KeyedError(key, f"{text}{hint}") from None
+
+
+def _knob_choices(text: str) -> list[str]:
+    """The quoted choices in a policy's error message ("must be one of ['a', 'b']")."""
+    return re.findall(r"'([^']+)'", text.partition("got")[0])
+
+
+def _knob_type_problem(knob, value) -> str | None:
+    if value is None:
+        return None if knob.default is None else f"expected {_type_word(knob.type)}, got null"
+    kind = getattr(knob, "type", None)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif isinstance(kind, type):
+        ok = isinstance(value, kind)
+    else:
+        ok = True
+    return None if ok else f"expected {_type_word(kind)}, got {show_value(value)}"
+
+
+def _type_word(kind) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        kind, getattr(kind, "__name__", str(kind)))
+
+
+class Slo(BaseModel):
+    """Service-level objectives; each bound is optional."""
+
+    model_config = _cfg()
+
+    ttft_s: float | None = Field(None, gt=0, description="time to first token bound, seconds; null: none")
+    tpot_s: float | None = Field(None, gt=0, description="time per output token bound, seconds; null: none")
+    e2e_s: float | None = Field(None, gt=0, description="end-to-end latency bound, seconds; null: none")
+    percentile: float = Field(99.0, gt=0, lt=100, description="a run meets the SLO when this percentile "
+                                                              "of each bounded metric is within bound")
+
+
+class Replicas(BaseModel):
+    """Identical copies of the engine behind a router."""
+
+    model_config = _cfg()
+
+    count: int = Field(1, ge=1, le=MAX_REPLICAS, description="engine replicas, each on hardware.count GPUs")
+    router: Literal["round-robin", "least-outstanding", "least-kv", "prefix-affinity"] = Field(
+        "round-robin", description="how arrivals are spread over replicas")
+
+
+def _default_policies() -> list[dict]:
+    return [{"name": "vllm-v1"}]
+
+
+class Scenario(BaseModel):
+    """Everything one run needs."""
+
+    model_config = _cfg()
+
+    name: str = Field("scenario", min_length=1, description="names the results folder and plot titles")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seeds the synthetic workload (same seed, same requests)")
+    model: str | ModelSpecConfig = Field(
+        "llama-3-8b", description="model id (llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, qwen2.5-7b, "
+                                  "tiny) or an inline spec")
+    hardware: Hardware = Field(default_factory=Hardware, description="GPUs of one replica")
+    latency: Latency = Field(default_factory=Latency, description="step time model")
+    workload: Workload = Field(default_factory=Workload, description="requests")
+    engine: Engine = Field(default_factory=Engine, description="engine limits")
+    policies: list[PolicyEntry] = Field(default_factory=_default_policies, min_length=1,
+                                        description="policies to compare on the same workload; default "
+                                                    "[{name: vllm-v1}]")
+    slo: Slo = Field(default_factory=Slo, description="latency objectives (goodput, meets-SLO)")
+    horizon_s: float | None = Field(None, gt=0, description="stop simulated time here (requests still "
+                                                            "queued or running are unfinished, reported "
+                                                            "as the summary's backlog); null: run until "
+                                                            "every request ended, but at most until the "
+                                                            "last arrival + max(3600 s, arrival span)")
+    replicas: Replicas = Field(default_factory=Replicas, description="engine copies and the router")
+    cost_per_gpu_hour: float | None = Field(None, ge=0, description="price of one GPU-hour, for cost "
+                                                                    "per request; null: no cost figures")
+
+    _source: str | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, name: str) -> str:
+        # the name becomes results/<name>/: one folder, not a path, never "." or ".."
+        bad = next((c for c in ("/", "\\", "\x00") if c in name), None)
+        if bad is not None or name.strip(".") == "" or name != name.strip():
+            shown = {"/": "'/'", "\\": "a backslash", "\x00": "a NUL character"}.get(bad, "")
+            raise ValueError(f"must be a plain folder name (it names results/<name>/), got {name!r}"
+                             + (f": it contains {shown}" if shown else ""))
+        return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_are_entries(cls, data: Any) -> Any:
+        # The default policy list is data, so it is validated (against the registry) like any entry.
+        if isinstance(data, dict) and "policies" not in data:
+            data = {**data, "policies": _default_policies()}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        from sim.hardware.gpus import get_gpu
+        from sim.hardware.models import get_model
+
+        try:
+            model = get_model(self.model)
+        except CbsimError as exc:
+            raise KeyedError("model", str(exc)) from None
+        try:
+            get_gpu(self.hardware.gpu)
+        except CbsimError as exc:
+            raise KeyedError("hardware.gpu", str(exc)) from None
+        try:
+            model.check_tp(self.hardware.tensor_parallel)
+        except CbsimError as exc:
+            raise KeyedError("hardware.tensor_parallel", str(exc)) from None
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(self.policies):
+            if entry.label in seen:
+                raise KeyedError(f"policies.{i}.label", f"{entry.label!r} is already the label of "
+                                 f"policies.{seen[entry.label]}; give each entry a distinct label")
+            seen[entry.label] = i
+        prefix = self.workload.prefix
+        if prefix is not None and prefix.prefix_len >= self.engine.max_model_len:
+            raise KeyedError("workload.prefix.prefix_len", f"must be < engine.max_model_len "
+                                                           f"({self.engine.max_model_len})")
+        return self
+
+    # --- derived ----------------------------------------------------------------------------
+    @property
+    def total_gpus(self) -> int:
+        return self.hardware.count * self.replicas.count
+
+    @property
+    def source(self) -> str | None:
+        """The YAML file this scenario was read from, if any."""
+        return self._source
+
+    def resolve_path(self, path: str | Path) -> Path:
+        """A file the scenario names: as given (absolute or from the current directory), else
+        relative to the scenario file's folder."""
+        p = Path(path)
+        if p.is_absolute() or p.exists() or self._source is None:
+            return p
+        beside = Path(self._source).parent / p
+        return beside if beside.exists() else p
+
+    # --- output -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Every key with its resolved value. With written-out ``workload.requests`` the
+        generator keys (arrival, lengths) are left out: they are unused, and reloading the
+        dict gives them their defaults again."""
+        data = self.model_dump(mode="json")
+        if self.workload.requests is not None:
+            for key in ("arrival", "prompt_tokens", "output_tokens", "trace", "prefix"):
+                data["workload"].pop(key)
+        # files the scenario names, as absolute paths: a saved scenario.yaml re-runs from anywhere
+        trace = data["workload"].get("trace")
+        if trace and trace.get("path"):
+            trace["path"] = self._absolute(trace["path"])
+        if data["latency"].get("path"):
+            data["latency"]["path"] = self._absolute(data["latency"]["path"])
+        return data
+
+    def _absolute(self, path: str) -> str:
+        resolved = self.resolve_path(path)
+        return str(resolved.resolve()) if resolved.exists() else path
+
+    def to_yaml(self) -> str:
+        """The resolved scenario (every default filled in) as YAML that loads back to itself."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110)
+
+
+# ------------------------------------------------------------------------------------------------
+# loading
+# ------------------------------------------------------------------------------------------------
+def load_scenario(source: Any, overrides=()) -> Scenario:
+    """A validated :class:`Scenario` from a YAML path, a mapping or a Scenario, with ``--set``
+    overrides applied. Any problem raises one :class:`ScenarioError`."""
+    overrides = list(overrides or ())
+    where = None
+    if isinstance(source, Scenario):
+        if not overrides:
+            return source
+        data = source.model_dump(mode="python", exclude_unset=True)
+        data.setdefault("policies", [e.model_dump(mode="python", exclude_unset=True) for e in source.policies])
+        origin = source.source
+    elif isinstance(source, dict):
+        data = copy.deepcopy(source)
+        origin = None
+    elif isinstance(source, str | Path):
+        where = str(source)
+        data = read_yaml(source)
+        origin = where
+    else:
+        raise ScenarioError(f"a scenario is a YAML file, a mapping or a Scenario, not {type(source).__name__}")
+    defaults = {"policies": _default_policies()}
+    data = apply_overrides(data, overrides, defaults)
+    try:
+        scn = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(exc, Scenario, where, overrides)) from None
+    scn._source = origin
+    return scn
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.exists():
+        hint = ""
+        if p.parent.is_dir():
+            hint = nearest(p.name, [q.name for q in p.parent.iterdir() if q.suffix in (".yaml", ".yml")])
+        raise ScenarioError(f"scenario file {str(path)!r} does not exist{hint}")
+    if p.is_dir():
+        raise ScenarioError(f"{path} is a folder; give a scenario YAML file")
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=StrictLoader)
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not a text (UTF-8) file") from None
+    except OSError as exc:  # unreadable: permissions, a broken link, an I/O error
+        raise ScenarioError(f"cannot read scenario file {path}: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: nested too deeply to read (thousands of levels of [ or {{)") from None
+    except ValueError as exc:  # a value YAML parses but Python cannot hold: a 5000-digit integer
+        raise ScenarioError(f"{path}: unreadable value: {str(exc).split(';')[0]}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(f"{path}{at}: YAML syntax error: {problem}") from None
+    if data is None:
+        raise ScenarioError(f"{path} is empty; a scenario needs at least a workload and policies "
+                            f"(see scenarios/quickstart.yaml)")
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a mapping of keys (name:, model:, workload:, ...), "
+                            f"got a {type(data).__name__}")
+    return data

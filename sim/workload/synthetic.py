@@ -1,0 +1,233 @@
+"""Workloads: the list of requests a run serves, generated from a scenario, reproducibly.
+
+``build_workload(scenario)`` returns :class:`RequestSpec` objects sorted by arrival and named
+``r000000``, ``r000001``, ... Three sources, in this order of precedence:
+
+1. ``workload.requests``: written out one by one (teaching and tests); exact lengths.
+2. ``workload.trace``: a trace file (``sim.workload.traces``). With ``arrival.process: trace`` the rows are
+   replayed in order with their own timestamps and lengths (and Mooncake's prefix ids). With a
+   synthetic arrival process, lengths with ``dist: trace`` are drawn from the trace's empirical
+   distribution (whole rows are resampled with replacement, so prompt and output lengths keep
+   their correlation; resampled prompts get fresh content, so duplicates do not fake cache hits).
+3. Synthetic: arrivals and lengths from the distributions below.
+
+Reproducibility: every random quantity has its own stream, ``numpy.random.default_rng([seed,
+STREAM])``, so changing one setting leaves the others' draws alone. In particular arrivals are
+drawn as *unit-rate* gaps and divided by ``arrival.rate``: two scenarios that differ only in
+the rate have the same arrival pattern, time-scaled, and the same request lengths, which is what
+a rate sweep needs. The first request arrives at t = 0 (as ``vllm bench serve`` sends it).
+
+Arrival processes (gaps between consecutive requests, mean 1/rate):
+- ``poisson``: exponential gaps.
+- ``gamma``: gamma gaps with coefficient of variation ``cv``: shape k = 1/cv², scale 1/(rate·k);
+  cv = 1 is Poisson, cv > 1 is burstier.
+- ``constant``: every gap is exactly 1/rate.
+
+Lengths (``prompt_tokens``, ``output_tokens``), integers >= 1:
+- ``fixed`` ``value``; ``uniform`` ``min``..``max`` inclusive;
+- ``lognormal`` by ``mean`` and ``p99``: with z = Φ⁻¹(0.99) = 2.3263, ``p99 = exp(μ + zσ)`` and
+  ``mean = exp(μ + σ²/2)``, so ``ln(p99/mean) = zσ − σ²/2`` and σ = z − √(z² − 2·ln(p99/mean))
+  (the root below z; a solution needs mean < p99 <= e^(z²/2)·mean ≈ 14.97·mean), then
+  μ = ln(mean) − σ²/2. Draws are rounded to the nearest integer.
+- ``trace``: the trace's column (see above).
+Synthetic lengths are kept servable: a prompt is clipped to ``max_model_len − 1`` tokens and an
+output to ``max_model_len − prompt`` (a model cannot generate past its context). Trace and
+written-out lengths are never clipped: an over-long request is rejected by the engine, as vLLM does.
+
+``max_tokens`` (the client's limit, DESIGN.md "Words"): ``workload.max_tokens`` when set (longer
+outputs are cut to it: the client's limit stops generation); else the exact output length for
+traces and written-out requests; else ``max_model_len − prompt``.
+
+Shared prefixes (``workload.prefix``): each synthetic request draws one of ``num_groups`` groups
+uniformly; its prompt is the group's first ``prefix_len`` tokens followed by its own tokens,
+``prompt_runs = ((("group", g), prefix_len), (("req", id), rest))``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sim.errors import ScenarioError
+from sim.workload.distributions import lognormal_params
+from sim.workload.request_spec import RequestSpec
+
+if TYPE_CHECKING:
+    from sim.scenario.schema import Scenario
+
+# one independent random stream per quantity: [seed, STREAM]
+ARRIVALS, PROMPT, OUTPUT, ROWS, PREFIX = 1, 2, 3, 4, 5
+
+
+def rng(seed: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, stream])
+
+
+def unit_gaps(process: str, n: int, generator: np.random.Generator, cv: float | None = None) -> np.ndarray:
+    """``n`` inter-arrival gaps of a rate-1 process (divide by the rate to scale)."""
+    if process == "poisson":
+        return generator.exponential(1.0, n)
+    if process == "gamma":
+        shape = 1.0 / (cv * cv)
+        return generator.gamma(shape, 1.0 / shape, n)
+    if process == "constant":
+        return np.ones(n)
+    raise ValueError(f"no synthetic arrival process {process!r}")
+
+
+def synthetic_arrivals(arrival, n: int, seed: int) -> np.ndarray:
+    """Arrival times of ``n`` requests, the first at 0."""
+    gaps = unit_gaps(arrival.process, max(n - 1, 0), rng(seed, ARRIVALS), arrival.cv)
+    return np.concatenate(([0.0], np.cumsum(gaps)))[:n] / arrival.rate
+
+
+def sample_lengths(dist, n: int, generator: np.random.Generator) -> np.ndarray:
+    """``n`` integer lengths from a fixed, uniform or lognormal ``LengthDist``."""
+    if dist.dist == "fixed":
+        return np.full(n, dist.value, dtype=np.int64)
+    if dist.dist == "uniform":
+        return generator.integers(dist.min, dist.max, size=n, endpoint=True, dtype=np.int64)
+    if dist.dist == "lognormal":
+        mu, sigma = lognormal_params(dist.mean, dist.p99)
+        return np.rint(generator.lognormal(mu, sigma, n)).astype(np.int64)
+    raise ValueError(f"no synthetic length distribution {dist.dist!r}")
+
+
+def build_workload(scenario: Scenario) -> list[RequestSpec]:
+    """The scenario's requests, sorted by arrival (see the module docstring)."""
+    w = scenario.workload
+    if w.requests is not None:
+        return _written_out(scenario)
+    max_len = scenario.engine.max_model_len
+    trace = None
+    if w.trace is not None:
+        from sim.workload.traces import load_trace
+
+        window = tuple(w.trace.window_s) if w.trace.window_s is not None else None
+        path = scenario.resolve_path(w.trace.path)
+        if not path.exists():
+            from pathlib import Path
+
+            where = f"in {Path.cwd()}"
+            beside = Path(scenario.source).resolve().parent if scenario.source is not None else None
+            if beside is not None and beside != Path.cwd().resolve():
+                where += f" and beside the scenario, in {beside}"
+            raise ScenarioError(f"workload.trace.path: trace file {w.trace.path!r} does not exist (looked {where})")
+        trace = load_trace(path, w.trace.format).select(window, w.trace.rate_scale)
+
+    replay = w.arrival.process == "trace"
+    if replay:
+        n = len(trace) if w.num_requests is None else w.num_requests
+        if n > len(trace):
+            raise ScenarioError(f"workload.num_requests is {n} but the trace {w.trace.path} has only "
+                                f"{len(trace)} requests in its window; lower num_requests or drop it")
+        arrivals = trace.arrival_s[:n]
+        rows = np.arange(n)
+    else:
+        n = w.num_requests if w.num_requests is not None else len(trace)
+        arrivals = synthetic_arrivals(w.arrival, n, scenario.seed)
+        rows = None
+        if trace is not None and "trace" in (w.prompt_tokens.dist, w.output_tokens.dist):
+            rows = rng(scenario.seed, ROWS).integers(0, len(trace), size=n)
+
+    if w.prompt_tokens.dist == "trace":
+        prompt = trace.prompt_tokens[rows]
+    else:
+        prompt = np.clip(sample_lengths(w.prompt_tokens, n, rng(scenario.seed, PROMPT)), 1, max(max_len - 1, 1))
+    if w.output_tokens.dist == "trace":
+        output = trace.output_tokens[rows]
+    else:
+        room = np.maximum(max_len - prompt, 1)
+        output = np.clip(sample_lengths(w.output_tokens, n, rng(scenario.seed, OUTPUT)), 1, room)
+
+    if w.max_tokens is not None:
+        output = np.minimum(output, w.max_tokens)
+        max_tokens = np.full(n, w.max_tokens, dtype=np.int64)
+    elif w.output_tokens.dist == "trace":
+        max_tokens = output
+    else:
+        max_tokens = np.maximum(max_len - prompt, output)
+
+    trace_runs = None
+    if replay and w.prompt_tokens.dist == "trace" and trace.prompt_runs is not None:
+        if w.prefix is not None:
+            raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its "
+                                f"hash_ids already say which prompts share prefixes")
+        trace_runs = trace.prompt_runs
+    groups = None
+    if w.prefix is not None:
+        groups = rng(scenario.seed, PREFIX).integers(0, w.prefix.num_groups, size=n).tolist()
+
+    order = np.argsort(arrivals, kind="stable")
+    width = max(6, len(str(max(n - 1, 0))))
+    specs = []
+    arr_l, p_l, o_l, m_l = (a[order].tolist() for a in (arrivals, prompt, output, max_tokens))
+    for i, src in enumerate(order.tolist()):
+        rid = f"r{i:0{width}d}"
+        p = p_l[i]
+        if trace_runs is not None:
+            runs = trace_runs[src]
+        elif groups is not None:
+            shared = min(w.prefix.prefix_len, p)
+            runs = ((("group", groups[src]), shared),)
+            if p > shared:
+                runs += ((("req", rid), p - shared),)
+        else:
+            runs = ((("req", rid), p),)
+        specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs))
+    return specs
+
+
+def _written_out(scenario: Scenario) -> list[RequestSpec]:
+    w = scenario.workload
+    width = max(6, len(str(len(w.requests) - 1)))
+    specs = []
+    for i, r in enumerate(w.requests):
+        rid = f"r{i:0{width}d}"
+        max_tokens = r.max_tokens if r.max_tokens is not None else w.max_tokens
+        if max_tokens is None:
+            max_tokens = r.output_tokens
+        elif max_tokens < r.output_tokens:
+            raise ScenarioError(f"workload.requests.{i}: output_tokens ({r.output_tokens}) exceeds "
+                                f"workload.max_tokens ({max_tokens}); set the request's own max_tokens")
+        specs.append(RequestSpec(rid, float(r.arrival_s), r.prompt_tokens, r.output_tokens, max_tokens,
+                                 r.priority, ((("req", rid), r.prompt_tokens),)))
+    specs.sort(key=lambda s: s.arrival_s)  # stable: ties keep the listed order
+    return specs
+
+
+def workload_stats(specs: list[RequestSpec]) -> dict[str, Any]:
+    """Summary statistics of a workload, for ``cbsim run --dry-run``."""
+    n = len(specs)
+    if n == 0:
+        return {"num_requests": 0}
+    arrivals = np.array([s.arrival_s for s in specs])
+    prompt = np.array([s.prompt_tokens for s in specs])
+    output = np.array([s.output_tokens for s in specs])
+    max_tokens = np.array([s.max_tokens for s in specs])
+    duration = float(arrivals[-1] - arrivals[0])
+    gaps = np.diff(arrivals)
+    stats: dict[str, Any] = {
+        "num_requests": n,
+        "duration_s": round(duration, 3),
+        # one over the mean gap: (n - 1) gaps span the duration
+        "mean_rate_rps": round((n - 1) / duration, 4) if duration > 0 else None,
+        "interarrival_cv": round(float(gaps.std() / gaps.mean()), 3) if n > 2 and gaps.mean() > 0 else None,
+        "prompt_tokens": _dist(prompt),
+        "output_tokens": _dist(output),
+        "max_tokens_mean": round(float(max_tokens.mean()), 1),
+        "total_prompt_tokens": int(prompt.sum()),
+        "total_output_tokens": int(output.sum()),
+    }
+    holders = Counter(key for s in specs for key, _ in (s.prompt_runs or ()))
+    shared = sum(length for s in specs for key, length in (s.prompt_runs or ()) if holders[key] > 1)
+    stats["shared_prompt_fraction"] = round(shared / max(int(prompt.sum()), 1), 4)
+    return stats
+
+
+def _dist(values: np.ndarray) -> dict[str, float]:
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": round(float(values.mean()), 1), "p50": round(float(p50), 1), "p90": round(float(p90), 1),
+            "p99": round(float(p99), 1), "max": int(values.max())}

@@ -56,13 +56,11 @@ def check_servable(scn) -> None:
                          f"--set hardware.tensor_parallel=1")
 
 
-def profile_spec_for(scn, policy, device: str, **overrides) -> ProfileSpec:
+def profile_spec_for(dep, policy, device: str, **overrides) -> ProfileSpec:
     """Calibration limits that cover what the scenario's engine can run."""
-    from sim.hardware.models import get_model
-
-    limits = policy.limits
+    scn, limits = dep.scenario, policy.limits
     budget = policy.token_budget or limits.max_num_batched_tokens
-    return ProfileSpec(model=get_model(scn.model), device=device, tp=scn.hardware.tensor_parallel,
+    return ProfileSpec(model=dep.model, device=device, tp=dep.tensor_parallel,
                        block_size=limits.block_size, max_num_batched_tokens=max(budget, limits.block_size),
                        max_model_len=limits.max_model_len, max_num_seqs=policy.max_slots,
                        gpu_memory_utilization=scn.hardware.gpu_memory_utilization, seed=scn.seed, **overrides)
@@ -85,22 +83,20 @@ def warm_up(executor: StepExecutor, limits, max_tokens: int) -> None:
         release(batch, allocator)
 
 
-def run_real(scn, entry, specs, limits, device: str, *, check: bool = False,
+def run_real(dep, entry, specs, device: str, *, check: bool = False,
              on_progress: Callable[[int], None] | None = None, clock=None) -> EngineRun:
     """Serve ``specs`` for real with the scenario's policy entry on ``device``."""
     from policies.registry import make_policy
-    from sim.hardware.gpus import get_gpu
-    from sim.hardware.models import get_model
     from sim.latency.base import LatencyModel
     from sim.runner import policy_knobs
 
-    model = get_model(scn.model)
+    scn, limits, model = dep.scenario, dep.limits, dep.model
     policy = make_policy(entry.name, limits, **policy_knobs(scn, entry))
     runner = make_runner(model, num_blocks=limits.num_gpu_blocks + 1, block_size=limits.block_size, device=device,
                          seed=scn.seed)
     executor, note = make_executor(runner, max_model_len=limits.max_model_len, max_batch=policy.max_slots)
     warm_up(executor, limits, policy.token_budget or limits.max_num_batched_tokens)
-    flops = LatencyModel(model, get_gpu(scn.hardware.gpu), scn.hardware.tensor_parallel, limits.block_size)
+    flops = LatencyModel(model, dep.gpu, dep.tensor_parallel, limits.block_size)
     cpu_blocks = limits.num_cpu_blocks if getattr(policy, "preemption", None) == "swap" else 0
     engine = RealEngine(policy, executor, max_model_len=limits.max_model_len, latency=flops,
                         num_cpu_blocks=cpu_blocks, check=check, on_progress=on_progress, clock=clock)
@@ -109,13 +105,16 @@ def run_real(scn, entry, specs, limits, device: str, *, check: bool = False,
     return run
 
 
-def simulate(scn, entry, specs, limits, table: Path):
+def simulate(dep, entry, specs, table: Path):
     """The same requests through the simulator with the table backend; the requests frame."""
+    from dataclasses import replace
+
     from sim.runner import run_policy
     from sim.scenario.schema import Latency
 
-    sim_scn = scn.model_copy(update={"latency": Latency(backend="table", path=str(Path(table).resolve()))})
-    requests, _steps, summary, _meta = run_policy(sim_scn, entry, specs, limits)
+    latency = Latency(backend="table", path=str(Path(table).resolve()))
+    on_table = replace(dep, scenario=dep.scenario.model_copy(update={"latency": latency}))
+    requests, _steps, summary, _meta = run_policy(on_table, entry, specs)
     return requests, summary
 
 
@@ -126,19 +125,16 @@ def metrics_of(requests) -> dict[str, Any]:
                            requests["preemptions"].tolist())
 
 
-def step_time_bias(run: EngineRun, table: Path, scn, limits) -> float:
+def step_time_bias(run: EngineRun, table: Path, dep) -> float:
     """The table's price of the real run's own steps (plus its step gap) over their measured sum
     (each step's start to the next one's, or its end plus its own gap for the last), minus 1."""
     import warnings
 
     from policies.base import StepPlan
-    from sim.hardware.gpus import get_gpu
-    from sim.hardware.models import get_model
     from sim.latency.base import step_shape
     from sim.latency.table import TableExtrapolationWarning, TableLatency
 
-    lat = TableLatency.from_path(table, get_model(scn.model), get_gpu(scn.hardware.gpu),
-                                 scn.hardware.tensor_parallel, limits.block_size)
+    lat = TableLatency.from_path(table, dep.model, dep.gpu, dep.tensor_parallel, dep.block_size)
     predicted = measured = 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TableExtrapolationWarning)
@@ -161,7 +157,7 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
     ``profile_overrides``: ProfileSpec fields for that calibration (e.g. ``heldout``).
     """
     from sim.recorded.validate_against import relative_errors
-    from sim.runner import engine_limits
+    from sim.scenario.resolved import resolve
     from sim.scenario.schema import load_scenario
     from sim.workload.synthetic import build_workload
 
@@ -171,7 +167,8 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
     check_servable(scn)
     entry = pick_policy(scn, policy)
     label = entry.label or entry.name
-    limits = engine_limits(scn)
+    dep = resolve(scn)
+    limits = dep.limits
     specs = build_workload(scn)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -179,17 +176,16 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
     tmp = None
     calibration = None
     if table is not None:  # a table that cannot price this scenario fails now, not after the real run
-        from sim.hardware.models import get_model
         from sim.latency.table import check_compatible
         from sim.latency.table_format import read_table
 
-        check_compatible(read_table(table), get_model(scn.model), scn.hardware.tensor_parallel, limits.block_size)
+        check_compatible(read_table(table), dep.model, dep.tensor_parallel, limits.block_size)
     else:
         from policies.registry import make_policy
         from sim.runner import policy_knobs
 
         probe = make_policy(entry.name, limits, **policy_knobs(scn, entry))
-        spec = profile_spec_for(scn, probe, device, **(profile_overrides or {}))
+        spec = profile_spec_for(dep, probe, device, **(profile_overrides or {}))
         if out is not None:
             table = Path(out) / "table"
         else:
@@ -209,11 +205,11 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
             if progress is not None:
                 progress("serving for real", done[0], len(specs))
 
-        run = run_real(scn, entry, specs, limits, device, on_progress=on_progress)
+        run = run_real(dep, entry, specs, device, on_progress=on_progress)
         real_frame = run.requests_frame()
         if progress is not None:
             progress("simulating", 0, 1)
-        sim_frame, _summary = simulate(scn, entry, specs, limits, Path(table))
+        sim_frame, _summary = simulate(dep, entry, specs, Path(table))
         if progress is not None:
             progress("simulating", 1, 1)
         real, sim = metrics_of(real_frame), metrics_of(sim_frame)
@@ -222,7 +218,7 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
             "sim": sim,
             "error": relative_errors(real, sim),
             "diagnostics": {
-                "step_time_bias": step_time_bias(run, Path(table), scn, limits),
+                "step_time_bias": step_time_bias(run, Path(table), dep),
                 "real_steps": len(run.steps),
                 "real_unfinished": int((real_frame["state"] != "finished").sum()),
                 "sim_unfinished": int((sim_frame["state"] != "finished").sum()),
@@ -242,21 +238,19 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
             from sim.recorded.validate_against import write_json
 
             write_json(result, Path(out) / "validation.json")
-            write_steplog(run, scn, limits, Path(out) / "real_run.json")
+            write_steplog(run, dep, Path(out) / "real_run.json")
         return result
     finally:
         if tmp is not None:
             tmp.cleanup()
 
 
-def write_steplog(run: EngineRun, scn, limits, path: Path) -> Path:
+def write_steplog(run: EngineRun, dep, path: Path) -> Path:
     """The real run as a step log (``sim.recorded.steplog``'s vllm-json format), so it can be fitted
     (``cbsim calibrate --from-steplog``) or predicted (``cbsim validate --against``)."""
     import json
 
-    from sim.hardware.models import get_model
-
-    m = get_model(scn.model)
+    scn, limits, m = dep.scenario, dep.limits, dep.model
     reqs = run.requests_frame()
     data = {
         "source": f"cbsim calib.engine ({run.policy.name}), {run.info.get('device', 'cpu')}, {m.dtype}, "

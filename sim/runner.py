@@ -21,32 +21,15 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from policies.base import EngineLimits
 from policies.registry import POLICIES, make_policy
 from sim.engine import Simulation
-from sim.hardware.gpus import get_gpu
-from sim.hardware.kv_capacity import resolve_kv
-from sim.hardware.models import get_model
-from sim.latency import make_latency
 from sim.metrics.recorder import HORIZON_REACHED
 from sim.metrics.summary import summarize
 from sim.results import RunResult
 from sim.routing import make_router
+from sim.scenario.resolved import Deployment, resolve
 from sim.scenario.schema import Scenario, load_scenario
 from sim.workload.synthetic import build_workload
-
-
-def engine_limits(scn: Scenario) -> EngineLimits:
-    gpu_blocks, cpu_blocks = resolve_kv(scn)
-    e = scn.engine
-    return EngineLimits(
-        block_size=e.block_size,
-        num_gpu_blocks=gpu_blocks,
-        num_cpu_blocks=cpu_blocks,
-        max_num_seqs=e.max_num_seqs,
-        max_num_batched_tokens=e.max_num_batched_tokens,
-        max_model_len=e.max_model_len,
-    )
 
 
 def policy_knobs(scn: Scenario, entry) -> dict:
@@ -95,19 +78,11 @@ def backlog(requests: pd.DataFrame, end_s: float | None) -> dict:
     }
 
 
-def run_policy(scn: Scenario, entry, specs, limits: EngineLimits,
-               on_progress: Callable[[int], None] | None = None):
-    """Simulate one policy entry; returns (requests, steps, summary, meta)."""
-    model = get_model(scn.model)
-    gpu = get_gpu(scn.hardware.gpu)
-    tp = scn.hardware.tensor_parallel
+def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None] | None = None):
+    """Simulate one policy entry of a resolved scenario; returns (requests, steps, summary, meta)."""
+    scn, limits, gpu = dep.scenario, dep.limits, dep.gpu
     knobs = policy_knobs(scn, entry)
-    table_path = scn.resolve_path(scn.latency.path) if scn.latency.path else None
-    replicas = []
-    for _ in range(scn.replicas.count):
-        policy = make_policy(entry.name, limits, **knobs)
-        latency = make_latency(scn.latency, model, gpu, tp, limits.block_size, table_path)
-        replicas.append((policy, latency))
+    replicas = [(make_policy(entry.name, limits, **knobs), dep.latency()) for _ in range(dep.replicas)]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
@@ -185,14 +160,14 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
                 raise CbsimError(f"--policy {label!r} is not in the scenario{nearest(label, known)}; "
                                  f"its policies are: {', '.join(known)}")
     specs = build_workload(scn)
-    limits = engine_limits(scn)
+    dep = resolve(scn)
     req_frames, step_frames, summaries, meta = [], [], {}, {}
     bar = _progress(progress, len(specs) * len(entries))
     with bar as tracker:
         for i, entry in enumerate(entries):
             label = entry.label or entry.name
             tick = tracker.ticker(f"{label} (policy {i + 1} of {len(entries)})") if tracker else None
-            requests, steps, summary, m = run_policy(scn, entry, specs, limits, tick)
+            requests, steps, summary, m = run_policy(dep, entry, specs, tick)
             if tracker:
                 tracker.flush()
             requests.insert(0, "policy", label)

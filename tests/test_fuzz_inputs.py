@@ -30,7 +30,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from sim.errors import CbsimError
-from sim.runner import engine_limits, run_policy
+from sim.runner import run_policy
+from sim.scenario.resolved import resolve
 from sim.scenario.schema import load_scenario
 from sim.workload.synthetic import build_workload
 from sim.workload.traces import load_trace
@@ -61,12 +62,12 @@ def pipeline(source) -> str:
     try:
         scn = load_scenario(source)
         specs = build_workload(scn)
-        limits = engine_limits(scn)
+        dep = resolve(scn)
         head = specs[:SIM_REQUESTS]
         end = (head[-1].arrival_s if head else 0.0) + SIM_HORIZON_S
         scn.horizon_s = min(scn.horizon_s or end, end)
         for entry in scn.policies:
-            requests, _, summary, _ = run_policy(scn, entry, head, limits)
+            requests, _, summary, _ = run_policy(dep, entry, head)
             assert summary["requests_total"] == len(head)
             assert summary["requests_finished"] + summary["requests_rejected"] + summary["requests_unfinished"] \
                 == len(head)

@@ -6,8 +6,9 @@ import pytest
 
 from sim.errors import CbsimError
 from sim.hardware.gpus import GPUS, get_gpu
-from sim.hardware.kv_capacity import num_cpu_blocks, num_gpu_blocks, resolve_kv
+from sim.hardware.kv_capacity import num_cpu_blocks, num_gpu_blocks
 from sim.hardware.models import MODELS, ModelSpec, get_model
+from sim.scenario.resolved import resolve
 from sim.scenario.schema import Hardware, load_scenario
 
 
@@ -106,7 +107,8 @@ def test_llama3_8b_on_h200_block_count_by_hand():
     assert 112_585_735_680 // 2_097_152 == 53_685
     # the usable count leaves out vLLM V1's null block; the CPU pool is 4 GiB / 2 MiB per block
     scn = load_scenario({"workload": {"num_requests": 1, "arrival": {"rate": 1.0}}, "policies": [{"name": "orca"}]})
-    assert resolve_kv(scn) == (53_684, 4 * 2**30 // 2_097_152)
+    limits = resolve(scn).limits
+    assert (limits.num_gpu_blocks, limits.num_cpu_blocks) == (53_684, 4 * 2**30 // 2_097_152)
 
 
 def test_tensor_parallel_blocks():
@@ -132,8 +134,8 @@ def test_a_model_that_does_not_fit_states_bytes():
 def test_pinned_blocks_and_max_model_len_check():
     base = {"workload": {"num_requests": 1, "arrival": {"rate": 1.0}}, "policies": [{"name": "orca"}]}
     scn = load_scenario({**base, "model": "tiny", "hardware": {"gpu": "cpu"}, "engine": {"num_gpu_blocks": 64}})
-    assert resolve_kv(scn)[0] == 64
+    assert resolve(scn).limits.num_gpu_blocks == 64
     tight = load_scenario({**base, "hardware": {"gpu": "l40s", "gpu_memory_utilization": 0.36},
                            "engine": {"max_model_len": 8192}})
     with pytest.raises(CbsimError, match="fewer than engine.max_model_len"):
-        resolve_kv(tight)
+        resolve(tight)

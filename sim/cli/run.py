@@ -125,13 +125,14 @@ def run_cmd(
     console = Console()
     scn = load_scenario(scenario, list(set_ or []))
     if dry_run:
-        from sim.hardware.kv_capacity import resolve_kv
+        from sim.scenario.resolved import resolve
         from sim.workload.synthetic import build_workload, workload_stats
 
         # soft_wrap: never re-wrap the YAML at the terminal width (it must stay copy-pasteable)
         console.print(scn.to_yaml(), highlight=False, markup=False, soft_wrap=True)
         stats = workload_stats(build_workload(scn))
-        gpu_blocks, cpu_blocks = resolve_kv(scn)
+        limits = resolve(scn).limits
+        gpu_blocks, cpu_blocks = limits.num_gpu_blocks, limits.num_cpu_blocks
         console.print("[bold]workload[/]")
         for k, v in stats.items():
             console.print(f"  {k}: {v}", highlight=False, soft_wrap=True)

@@ -1,0 +1,83 @@
+"""A scenario resolved once: the model spec, GPU spec, parallel layout, engine limits and KV capacity
+that one replica runs with.
+
+Why one object: the raw scenario names things (``model: llama-3-8b``, ``hardware.gpu: h200``) and
+each layer used to turn those names into specs again, seven times on one ``cbsim validate`` path.
+Model configs from files and new GPUs have one door now: :func:`resolve`. The engine loop, the
+latency backends, the planners and ``calib/`` take a :class:`Deployment` and read its fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from policies.base import EngineLimits
+from sim.hardware.gpus import GPUSpec, get_gpu
+from sim.hardware.kv_capacity import resolve_kv
+from sim.hardware.models import ModelSpec, get_model
+from sim.scenario.schema import Scenario
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What one replica of a scenario runs: resolved once, read everywhere."""
+
+    scenario: Scenario
+    model: ModelSpec
+    gpu: GPUSpec
+    tensor_parallel: int
+    limits: EngineLimits  # KV capacity included: limits.num_gpu_blocks (usable) and num_cpu_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.limits.block_size
+
+    @property
+    def replicas(self) -> int:
+        return self.scenario.replicas.count
+
+    @property
+    def table_path(self) -> Path | None:
+        """The latency table folder, resolved against the scenario file's location."""
+        path = self.scenario.latency.path
+        return self.scenario.resolve_path(path) if path else None
+
+    def latency(self):
+        """A fresh latency model for one replica (backends keep per-replica state such as warnings)."""
+        from sim.latency import make_latency
+
+        return make_latency(self.scenario.latency, self.model, self.gpu, self.tensor_parallel, self.block_size,
+                            self.table_path, async_scheduling=self.scenario.engine.async_scheduling)
+
+
+def engine_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec) -> EngineLimits:
+    """The engine section with the KV pool computed for this model on this GPU."""
+    gpu_blocks, cpu_blocks = resolve_kv(scn, model, gpu)
+    e = scn.engine
+    return EngineLimits(
+        block_size=e.block_size,
+        num_gpu_blocks=gpu_blocks,
+        num_cpu_blocks=cpu_blocks,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_model_len=e.max_model_len,
+    )
+
+
+def resolve(scn: Scenario) -> Deployment:
+    """The one place a scenario's names become specs (errors name the scenario key to fix)."""
+    model = with_kv_cache_dtype(get_model(scn.model), scn.engine.kv_cache_dtype)
+    gpu = get_gpu(scn.hardware.gpu)
+    return Deployment(scenario=scn, model=model, gpu=gpu, tensor_parallel=scn.hardware.tensor_parallel,
+                      limits=engine_limits(scn, model, gpu))
+
+
+def with_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
+    """The model with ``engine.kv_cache_dtype`` applied (``auto`` leaves it as it is), so weight
+    bytes, KV capacity and every latency backend see one spec."""
+    if kv_cache_dtype in (None, "auto"):
+        return model
+    from dataclasses import replace
+
+    return replace(model, kv_cache_dtype=kv_cache_dtype)

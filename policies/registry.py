@@ -7,7 +7,9 @@ from typing import Any
 from policies.base import EngineLimits, Policy
 from policies.orca import OrcaPolicy
 from policies.sarathi import SarathiPolicy
+from policies.sglang import SglangPolicy
 from policies.static import StaticPolicy
+from policies.tgi import TgiPolicy
 from policies.vllm_v0 import VllmV0Policy
 from policies.vllm_v1 import VllmV1Policy
 
@@ -19,9 +21,13 @@ POLICIES: dict[str, type[Policy]] = {
         VllmV1Policy,
         VllmV0Policy,
         SarathiPolicy,
+        SglangPolicy,
+        TgiPolicy,
     )
 }
 
 
 def make_policy(name: str, limits: EngineLimits, **knobs: Any) -> Policy:
-    return POLICIES[name](limits, **knobs)
+    """The named policy; engine limits left unset (None) take that engine's own defaults."""
+    cls = POLICIES[name]
+    return cls(cls.resolve_limits(limits, knobs), **knobs)

@@ -18,11 +18,21 @@ What is checked, after every ``schedule()``:
 * a recompute victim starts again from 0 and its next token comes only after prompt +
   generated tokens were computed again (prefix-cache hits aside); a swap victim keeps its
   progress and gets back exactly the blocks it swapped out;
+* a prefix-cache hit (a request starting afresh at a context > 0) is legal only with the
+  policy's cache on, in whole pages of that cache (vllm-v1: engine blocks; sglang's page_size,
+  tgi's block_size: 1 token by default; TGI's full-prompt match backs off one token), short of
+  all the request's tokens, equal to what the policy reports (``plan.prefix_hit_tokens``, ``admission_hits``),
+  and only of tokens with the same identities that some request computed before: in an earlier
+  step (its own tokens before a preemption count) or earlier in the same batch (vLLM V1 caches
+  a block when it allocates it, and a forward writes each layer's KV before attention reads
+  it): a cache can only serve what was computed;
 * every rejection carries a reason.
 
 At the end: every request is finished (with the right number of tokens) or rejected with a
 reason, nothing is left queued, every block is free, swapped blocks all came back, and a
-request that fits comfortably (prompt + max_tokens within every limit) was never rejected.
+request that fits comfortably (prompt + max_tokens within every limit) was never rejected,
+unless it was refused at arrival with TGI's 429 while ``max_concurrent_requests`` requests
+were already queued or running.
 """
 
 from __future__ import annotations
@@ -30,8 +40,10 @@ from __future__ import annotations
 from collections import Counter
 
 from policies.base import EngineLimits, Policy, Request, Status, StepPlan, emit_tokens
+from policies.kv.radix import RadixCache
 from policies.reservation import ReservationPolicy
 from policies.static import StaticPolicy
+from policies.tgi import TgiPolicy
 from policies.vllm_v0 import VllmV0Policy
 from policies.vllm_v1 import VllmV1Policy
 
@@ -42,6 +54,32 @@ class InvariantError(AssertionError):
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def token_ids(req: Request, n: int) -> tuple:
+    """The identities of a request's first ``n`` tokens (prompt runs, then generated tokens), as
+    policies/base.py defines them: the checker's own reading, independent of any cache's."""
+    out: list = []
+    for key, length in req.prompt_runs:
+        out.extend((key, i) for i in range(min(length, n - len(out))))
+        if len(out) >= n:
+            return tuple(out)
+    out.extend((req.output_key, j) for j in range(n - len(out)))
+    return tuple(out)
+
+
+def _radix(policy) -> RadixCache | None:
+    cache = getattr(policy, "cache", None)
+    return cache if isinstance(cache, RadixCache) else None
+
+
+def prefix_cache_of(policy, limits: EngineLimits) -> tuple[bool, int]:
+    """(cache on?, page size of its hits): vllm-v1's block-hash cache hits whole engine blocks,
+    a radix cache (sglang, tgi) whole pages of its own."""
+    radix = _radix(policy)
+    if radix is not None:
+        return radix.enabled, radix.page_size
+    return bool(getattr(policy, "knobs", {}).get("enable_prefix_caching", False)), limits.block_size
 
 
 class InvariantChecker:
@@ -60,13 +98,17 @@ class InvariantChecker:
         self.outputs_before: dict[str, int] = {}
         self.steps = 0
         self.seen = Counter()  # what happened (preempted, swapped, rejected, prefix hit), for coverage
-        self.caching = bool(getattr(policy, "knobs", {}).get("enable_prefix_caching", False))
+        self.caching, self.hit_page = prefix_cache_of(policy, limits)
+        self.high_water: dict[str, int] = {}  # most tokens a request ever had computed (KV written)
+        self.load_at_arrival: dict[str, int] = {}  # requests queued or running when it arrived
 
     # --- bookkeeping -------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         assert req.id not in self.requests, f"{req.id} submitted twice"
         self.requests[req.id] = req
         self.computed[req.id] = 0
+        self.high_water[req.id] = 0
+        self.load_at_arrival[req.id] = self.policy.num_running + self.policy.num_waiting
 
     def _fail(self, msg: str) -> None:
         raise InvariantError(f"{self.policy.name} step {self.steps}: {msg}")
@@ -126,13 +168,13 @@ class InvariantChecker:
                 self._fail(f"{req.id} computes past max_model_len: {ctx} + {n} > {lim.max_model_len}")
             expected = self.computed[req.id]
             if ctx != expected:
-                # a prefix-cache hit skips whole blocks, and only for a request starting afresh
-                hit_ok = self.caching and expected == 0 and ctx % lim.block_size == 0 and ctx < req.num_tokens
-                if not hit_ok:
+                if expected != 0:
                     self._fail(f"{req.id} resumes at context {ctx}, but {expected} tokens were computed "
                                f"since its last reset")
+                self.check_prefix_hit(plan, req, ctx)
                 self.seen["prefix hit"] += 1
             self.computed[req.id] = ctx + n
+            self.high_water[req.id] = max(self.high_water[req.id], ctx + n)
             if self._slots_of(req) < ctx + n:
                 self._fail(f"{req.id} computes {ctx + n} tokens but holds KV slots for {self._slots_of(req)}")
             total += n
@@ -146,6 +188,28 @@ class InvariantChecker:
         if pol.limits.max_num_seqs < pol.num_running and not isinstance(pol, StaticPolicy):
             self._fail(f"{pol.num_running} running, over max_num_seqs {pol.limits.max_num_seqs}")
         self.outputs_before = {r.id: r.num_output_tokens for r in plan.scheduled}
+
+    def check_prefix_hit(self, plan: StepPlan, req: Request, ctx: int) -> None:
+        """A request starting afresh at context ``ctx`` > 0: legal only as a prefix-cache hit."""
+        pol = self.policy
+        if not self.caching:
+            self._fail(f"{req.id} starts at context {ctx} with the prefix cache off")
+        if ctx >= req.num_tokens:
+            self._fail(f"{req.id}: a {ctx}-token prefix hit leaves none of its {req.num_tokens} tokens "
+                       f"to compute, so no token can be sampled")
+        # whole pages; TGI's match of a whole prompt backs off one token (radix.rs, tgi.py)
+        backed_off = (isinstance(pol, TgiPolicy) and ctx == req.prompt_tokens - 1
+                      and req.prompt_tokens % self.hit_page == 0)
+        if ctx % self.hit_page and not backed_off:
+            self._fail(f"{req.id}: a prefix hit of {ctx} tokens is not whole pages of {self.hit_page}")
+        reported = plan.prefix_hit_tokens.get(req.id, getattr(pol, "admission_hits", {}).get(req.id, ctx))
+        if reported != ctx:
+            self._fail(f"{req.id} starts at context {ctx} but the policy reports a {reported}-token hit")
+        mine = token_ids(req, ctx)
+        for other in self.requests.values():  # who computed these tokens (this step: earlier in the batch)?
+            if self.high_water[other.id] >= ctx and token_ids(other, ctx) == mine:
+                return
+        self._fail(f"{req.id}: a {ctx}-token prefix hit, but no request computed those tokens before")
 
     # --- after emit_tokens() and finish_step() -------------------------------------------------
     def after_step(self, plan: StepPlan, finished: list[Request]) -> None:
@@ -235,8 +299,19 @@ class InvariantChecker:
             budget = total  # chunked prefill splits any prompt
         if not isinstance(pol, VllmV0Policy | VllmV1Policy) and pol.token_budget is not None:
             budget = total  # sarathi chunks prompts too
+        radix = _radix(pol)
+        if radix is not None and radix.ceil_page(total) > radix.capacity:
+            return False  # the radix pool is whole pages of its own (sglang page_size, tgi block_size)
+        if isinstance(pol, TgiPolicy) and not pol.chunking and req.prompt_tokens > radix.ceil_page(pol.max_prefill):
+            return False  # TGI refuses (422) a prompt one prefill cannot hold when chunking is off
         return (total < lim.max_model_len and total <= budget
                 and _cdiv(total, lim.block_size) + reserve <= lim.num_gpu_blocks)
+
+    def refused_as_overloaded(self, req: Request) -> bool:
+        """TGI's 429: refused at arrival while ``max_concurrent_requests`` were queued or running."""
+        limit = getattr(self.policy, "max_concurrent", None)
+        return (limit is not None and self.load_at_arrival[req.id] >= limit
+                and req.reject_reason.startswith("429"))
 
     def at_end(self) -> None:
         pol = self.policy
@@ -250,7 +325,7 @@ class InvariantChecker:
             elif req.status is Status.REJECTED:
                 if not req.reject_reason:
                     self._fail(f"{req.id} rejected without a reason")
-                if self.surely_fits(req):
+                if self.surely_fits(req) and not self.refused_as_overloaded(req):
                     self._fail(f"{req.id} (prompt {req.prompt_tokens}, max_tokens {req.max_tokens}) fits every "
                                f"limit but was rejected: {req.reject_reason}")
             else:

@@ -28,7 +28,7 @@ from tests.fuzz_profiles import examples
 from tests.helpers import FAKE_GPU, FAKE_MODEL, wall_clock_limit
 from tests.policy_invariants import Checked, InvariantChecker, drive
 
-POLICY_NAMES = ["static", "orca", "vllm-v1", "vllm-v0", "sarathi"]
+POLICY_NAMES = ["static", "orca", "vllm-v1", "vllm-v0", "sarathi", "sglang", "tgi"]
 WALL_LIMIT_S = 20  # one example; far above what any takes (an endless loop is caught here)
 
 
@@ -69,6 +69,26 @@ def knobs_st(name: str):
         return st.fixed_dictionaries({"preemption": st.sampled_from(["recompute", "swap"]), "watermark": wm})
     if name == "sarathi":
         return st.fixed_dictionaries({"chunk_size": st.sampled_from([3, 16, 64, 512]), "watermark": wm})
+    if name == "sglang":
+        return st.fixed_dictionaries({
+            "schedule_policy": st.sampled_from(["fcfs", "lpm", "dfs-weight", "lof", "random"]),
+            "chunked_prefill_size": st.sampled_from([None, -1, 7, 64]),
+            "max_prefill_tokens": st.sampled_from([16, 16384]),
+            "enable_mixed_chunk": st.booleans(),
+            "disable_radix_cache": st.booleans(),
+            "page_size": st.sampled_from([1, 1, 2, 4]),
+            "init_new_token_ratio": st.sampled_from([0.0, 0.7]),
+        })
+    if name == "tgi":
+        return st.fixed_dictionaries({
+            "max_batch_prefill_tokens": st.sampled_from([3, 16, 64, 4096]),
+            "prefill_chunking": st.booleans(),
+            "waiting_served_ratio": st.sampled_from([0.0, 0.3, 1.2]),
+            "max_waiting_tokens": st.sampled_from([0, 2, 20]),
+            "prefix_caching": st.booleans(),
+            "block_size": st.sampled_from([1, 1, 2, 4]),
+            "max_concurrent_requests": st.sampled_from([3, 128, 128]),
+        })
     raise AssertionError(name)
 
 

@@ -92,3 +92,46 @@ def test_dry_run_prints_the_resolved_scenario_and_workload_without_simulating(tm
     assert resolved["engine"]["block_size"] == 16  # defaults are filled in
     assert "mean_rate_rps" in stats and "GPU blocks" in stats
     assert not (tmp_path / "never").exists()
+
+
+def test_engines_prefix_reuse_prefill_first_and_tgi_caching_at_finish():
+    """scenarios/engines.yaml: once the 8 system prompts are cached, SGLang computes each system
+    prompt exactly once and every question (token-granular radix hits), vLLM V1 the same plus the
+    8 tokens past each system prompt's last full 16-token block; TGI, which caches a prompt only
+    when its request finishes, computes whole system prompts again for the requests arriving
+    before the first of their group finished. SGLang's prefill-first loop pauses the decodes,
+    so its TPOT p50 is above vLLM V1's."""
+    result = run(REPO / "scenarios/engines.yaml")
+    req, steps = result.requests, result.steps
+    assert set(result.summaries) == {"vllm-v1", "sglang", "tgi"}
+    assert (req["state"] == "finished").all() and req["preemptions"].sum() == 0
+    computed = {p: int(steps[steps.policy == p]["prefill_tokens"].sum()) for p in result.summaries}
+    prompts = req[req.policy == "sglang"]["prompt_tokens"]
+    groups, prefix = 8, 1000
+    questions = int(prompts.sum()) - len(prompts) * prefix
+    assert computed["sglang"] == questions + groups * prefix
+    assert computed["vllm-v1"] == questions + groups * prefix + (len(prompts) - groups) * (prefix % 16)
+    assert computed["vllm-v1"] <= 0.25 * prompts.sum()
+    misses, rest = divmod(computed["tgi"] - questions, prefix)
+    assert rest == 0 and misses > 2 * groups  # all or nothing of a system prompt, often nothing
+    # prefill-only steps while requests were running: SGLang's alone (vLLM V1 and TGI mix them in)
+    held = steps["running"] - steps["admitted"] + steps["finished"]
+    pausing = steps[(steps["prefill_tokens"] > 0) & (steps["decode_tokens"] == 0) & (held > 0)]
+    assert set(pausing["policy"]) == {"sglang"}
+    tpot = {p: s["tpot_s"]["p50"] for p, s in result.summaries.items()}
+    assert tpot["sglang"] > 1.1 * tpot["vllm-v1"]
+    assert result.meta["sglang"]["latency"] == "table"
+
+
+def test_engines_overloaded_tgi_refuses_with_429_where_the_others_queue():
+    """At twice what one H200 serves, TGI refuses requests arriving while max_concurrent_requests
+    (128) are queued or running, each rejected with its 429 reason; vLLM V1 queues them all."""
+    result = run(REPO / "scenarios/engines.yaml", overrides=["workload.arrival.rate=60"],
+                 policies=["vllm-v1", "tgi"])
+    req = result.requests
+    tgi, v1 = req[req.policy == "tgi"], req[req.policy == "vllm-v1"]
+    assert (v1["state"] == "finished").all()
+    rejected = tgi[tgi["state"] == "rejected"]
+    assert len(rejected) > 0 and len(rejected) + (tgi["state"] == "finished").sum() == len(tgi)
+    assert rejected["reason"].str.startswith("429 Too Many Requests").all()
+    assert result.summaries["tgi"]["requests_rejected"] == len(rejected)

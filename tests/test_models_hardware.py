@@ -83,12 +83,16 @@ def test_inline_and_unknown_models():
 # --- GPUs ----------------------------------------------------------------------------------------
 def test_gpu_datasheet_figures():
     h200 = get_gpu("h200")
+    # memory as the device reports it (issue #16): an H200 shows 139.81 GiB, an H100 79.19 GiB
     assert (h200.memory_bytes, h200.peak_flops, h200.hbm_bandwidth, h200.pcie_bandwidth) == (
-        141e9, 989e12, 4.8e12, 64e9)
+        round(139.81 * 2**30), 989e12, 4.8e12, 64e9)
+    assert get_gpu("h100-sxm").memory_bytes == round(79.19 * 2**30)
     assert get_gpu("h100-sxm").hbm_bandwidth == 3.35e12 and get_gpu("a100-80gb").peak_flops == 312e12
-    assert get_gpu("l40s").memory_bytes == 48e9
-    assert set(GPUS) == {"h100-sxm", "h200", "a100-80gb", "l40s", "cpu"}
-    with pytest.raises(CbsimError, match=r"unknown gpu 'h100' \(did you mean 'h100-sxm'\?\); known gpus: h100-sxm"):
+    assert get_gpu("l40s").memory_bytes == (46068 - 470) * 2**20  # nvidia-smi total less the driver's share
+    assert get_gpu("rtx-4090").memory_bytes == 25_250_627_584  # the reference run's device
+    assert set(GPUS) == {"h100-sxm", "h200", "h100-pcie", "a100-80gb", "a100-40gb", "l40s", "b200",
+                         "rtx-pro-6000", "rtx-4090", "cpu"}
+    with pytest.raises(CbsimError, match=r"unknown gpu 'h100' \(did you mean 'h100-sxm' or 'h100-pcie'\?\); known gpus: h100-sxm"):
         get_gpu("h100")
     with pytest.raises(CbsimError, match=r"unknown gpu 'h300' \(did you mean 'h200'\?\)"):
         get_gpu("h300")
@@ -96,25 +100,28 @@ def test_gpu_datasheet_figures():
 
 # --- KV capacity ---------------------------------------------------------------------------------
 def test_llama3_8b_on_h200_block_count_by_hand():
-    # memory x utilization      141,000,000,000 B x 0.92                      = 129,720,000,000 B
+    # memory x utilization      150,119,844,413 B (139.81 GiB) x 0.92           = 138,110,256,859 B
     # weights                   8,030,261,248 params x 2 B (bf16)              =  16,060,522,496 B
-    # activation reserve        1 GiB                                          =   1,073,741,824 B
-    # left for KV               129,720,000,000 - 16,060,522,496 - 1,073,741,824 = 112,585,735,680 B
+    # activation reserve        1 GiB (pinned)                                 =   1,073,741,824 B
+    # left for KV               138,110,256,859 - 16,060,522,496 - 1,073,741,824 = 120,975,992,539 B
     # one block                 16 tokens x 2 (K,V) x 8 KV heads x 128 x 2 B x 32 layers = 2,097,152 B
-    # blocks                    112,585,735,680 // 2,097,152                   = 53,685
+    # blocks                    120,975,992,539 // 2,097,152                   = 57,685
     hw = Hardware(gpu="h200", gpu_memory_utilization=0.92, activation_reserve_gib=1.0)
-    assert num_gpu_blocks(get_model("llama-3-8b"), get_gpu("h200"), hw, 16, 1) == 53_685
-    assert 112_585_735_680 // 2_097_152 == 53_685
-    # the usable count leaves out vLLM V1's null block; the CPU pool is 4 GiB / 2 MiB per block
+    assert num_gpu_blocks(get_model("llama-3-8b"), get_gpu("h200"), hw, 16, 1) == 57_685
+    assert 120_975_992_539 // 2_097_152 == 57_685
+    # unpinned, the reserve is vLLM's profiling pass at 8192 tokens: forward 8192 x (2 x 4096 + 3 x
+    # 14336) x 2 B = 838,860,800 B (> the sampler's 256 x 128,256 x 22 B + hidden states) plus 551 MiB
+    # non-torch = 1,416,626,176 B, so (138,110,256,859 - 16,060,522,496 - 1,416,626,176) // 2,097,152
+    # = 57,522 blocks; the usable count leaves out vLLM V1's null block; the CPU pool is 4 GiB / 2 MiB
     scn = load_scenario({"workload": {"num_requests": 1, "arrival": {"rate": 1.0}}, "policies": [{"name": "orca"}]})
     limits = resolve(scn).limits
-    assert (limits.num_gpu_blocks, limits.num_cpu_blocks) == (53_684, 4 * 2**30 // 2_097_152)
+    assert (limits.num_gpu_blocks, limits.num_cpu_blocks) == (57_521, 4 * 2**30 // 2_097_152)
 
 
 def test_tensor_parallel_blocks():
-    hw = Hardware(gpu="h200", tensor_parallel=2)
+    hw = Hardware(gpu="h200", tensor_parallel=2, activation_reserve_gib=1.0)
     m = get_model("llama-3-8b")
-    expected = int((141e9 * 0.92 - m.weight_bytes(2) - 2**30) // (16 * 65_536))
+    expected = int((round(139.81 * 2**30) * 0.92 - m.weight_bytes(2) - 2**30) // (16 * 65_536))
     assert num_gpu_blocks(m, get_gpu("h200"), hw, 16, 2) == expected
     assert num_cpu_blocks(4.0, m, 16, 2) == 4 * 2**30 // (16 * 65_536)
 
@@ -125,9 +132,10 @@ def test_a_model_that_does_not_fit_states_bytes():
         num_gpu_blocks(get_model("llama-3-70b"), get_gpu("l40s"), hw, 16, 1)
     msg = str(info.value)
     assert "does not fit on l40s with tensor_parallel=1" in msg
-    # needed: 141,107,412,992 B weights + 1 GiB reserve + one 5,242,880 B block
-    assert f"= {141_107_412_992 + 2**30 + 16 * 327_680:,} bytes" in msg
-    assert "48,000,000,000 bytes × gpu_memory_utilization 0.92 = 44,160,000,000 bytes" in msg
+    # needed: 141,107,412,992 B weights + reserve (forward at 8192 tokens: 8192 x (2 x 8192 + 3 x 28672)
+    # x 2 B, plus 551 MiB non-torch) + one 5,242,880 B block
+    assert f"= {141_107_412_992 + 8192 * (2 * 8192 + 3 * 28672) * 2 + 551 * 2**20 + 16 * 327_680:,} bytes" in msg
+    assert "47,812,968,448 bytes × gpu_memory_utilization 0.92 = 43,987,930,972 bytes" in msg
     assert "Raise hardware.tensor_parallel" in msg
 
 
@@ -135,7 +143,7 @@ def test_pinned_blocks_and_max_model_len_check():
     base = {"workload": {"num_requests": 1, "arrival": {"rate": 1.0}}, "policies": [{"name": "orca"}]}
     scn = load_scenario({**base, "model": "tiny", "hardware": {"gpu": "cpu"}, "engine": {"num_gpu_blocks": 64}})
     assert resolve(scn).limits.num_gpu_blocks == 64
-    tight = load_scenario({**base, "hardware": {"gpu": "l40s", "gpu_memory_utilization": 0.36},
+    tight = load_scenario({**base, "hardware": {"gpu": "l40s", "gpu_memory_utilization": 0.375},
                            "engine": {"max_model_len": 8192}})
     with pytest.raises(CbsimError, match="fewer than engine.max_model_len"):
         resolve(tight)

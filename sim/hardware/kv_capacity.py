@@ -6,13 +6,19 @@ memory times ``gpu_memory_utilization``, subtracts what the model needs outside 
 over ``max_num_batched_tokens`` tokens), and divides the rest by the bytes of one block:
 
     num_gpu_blocks = (memory × gpu_memory_utilization − weights − activation reserve)
-                     // (block_size × 2 × kv_heads_per_rank × head_dim × dtype_bytes × layers)
+                     // (block_size × 2 × kv_heads_per_rank × head_dim × kv_dtype_bytes × layers)
+
+``memory`` is what the device reports (:mod:`sim.hardware.gpus`), ``kv_dtype_bytes`` follows
+``engine.kv_cache_dtype``, sliding-window layers are charged at most their window of a
+``max_model_len`` request (:meth:`ModelSpec.kv_capacity_bytes_per_token`), and with expert
+parallelism each GPU holds ``num_experts / ep`` experts.
 
 Everything is per GPU: with tensor parallelism each GPU holds its shard of the weights and of
 the KV heads, and every GPU holds the same number of blocks (one block = block_size tokens).
 
-We do not profile, so the activation reserve is a parameter (``hardware.activation_reserve_gib``,
-see :class:`sim.scenario.schema.Hardware` for why 1 GiB is the default). The CPU swap pool is
+We do not profile, so the activation reserve is estimated from the shapes the profiling pass
+runs (:mod:`sim.hardware.memory_profile`: forward pass at ``max_num_batched_tokens``, sampler at
+``max_num_seqs``, non-torch memory), or pinned with ``hardware.activation_reserve_gib``. The CPU swap pool is
 ``swap_space_gib`` GiB of host memory per GPU divided by the same block size, as vLLM's
 ``swap_space`` does.
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 from sim.errors import CbsimError
 from sim.hardware.gpus import GPUSpec
+from sim.hardware.memory_profile import activation_reserve_bytes
 from sim.hardware.models import ModelSpec
 
 GIB = 1 << 30
@@ -33,26 +40,42 @@ GIB = 1 << 30
 MAX_KV_BLOCKS = 1 << 24
 
 
-def block_bytes(model: ModelSpec, block_size: int, tp: int = 1) -> int:
-    """Bytes of one KV block on one GPU."""
-    return block_size * model.kv_bytes_per_token(tp)
+def block_bytes(model: ModelSpec, block_size: int, tp: int = 1, max_model_len: int | None = None) -> float:
+    """Bytes of one KV block on one GPU (sliding-window layers charged as
+    :meth:`ModelSpec.kv_capacity_bytes_per_token` says; an integer without them)."""
+    per_token = model.kv_capacity_bytes_per_token(tp, max_model_len)
+    return block_size * (int(per_token) if float(per_token).is_integer() else per_token)
 
 
-def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int, tp: int = 1) -> int:
+def reserve_bytes(model: ModelSpec, hardware_cfg, tp: int = 1, max_num_batched_tokens: int = 8192,
+                  max_num_seqs: int = 256) -> int:
+    """What the profiling pass takes besides weights: ``hardware.activation_reserve_gib`` when
+    set, else :func:`sim.hardware.memory_profile.activation_reserve_bytes` at the token budget."""
+    pinned = getattr(hardware_cfg, "activation_reserve_gib", None)
+    if pinned is not None:
+        return int(pinned * GIB)
+    return activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp, expert_parallel(hardware_cfg))
+
+
+def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int, tp: int = 1, *,
+                   max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                   max_model_len: int | None = None) -> int:
     """vLLM's ``num_gpu_blocks`` (the whole pool, null block included) for one GPU.
 
-    ``hardware_cfg`` supplies ``gpu_memory_utilization`` and ``activation_reserve_gib`` (the
-    scenario's ``hardware`` section, or any object with those attributes). Raises
-    :class:`CbsimError` stating bytes needed and available when not even one block fits.
+    ``hardware_cfg`` supplies ``gpu_memory_utilization``, ``activation_reserve_gib`` (null: estimated
+    from the token budget and ``max_num_seqs``, :mod:`sim.hardware.memory_profile`) and the
+    expert-parallel layout (the scenario's ``hardware`` section, or any object with those
+    attributes). Raises :class:`CbsimError` stating bytes needed and available when not even one
+    block fits.
     """
     util = hardware_cfg.gpu_memory_utilization
-    reserve = int(hardware_cfg.activation_reserve_gib * GIB)
+    reserve = reserve_bytes(model, hardware_cfg, tp, max_num_batched_tokens, max_num_seqs)
     budget = gpu.memory_bytes * util
-    weights = model.weight_bytes(tp)
-    per_block = block_bytes(model, block_size, tp)
+    weights = model.weight_bytes(tp, expert_parallel(hardware_cfg))
+    per_block = block_bytes(model, block_size, tp, max_model_len)
     available = budget - weights - reserve
     if available < per_block:
-        needed = weights + reserve + per_block
+        needed = int(weights + reserve + per_block)
         raise CbsimError(
             f"model {model.name!r} does not fit on {gpu.name} with tensor_parallel={tp}: each GPU needs "
             f"{_bytes(weights)} of weights + {_bytes(reserve)} activation reserve + at least one KV block "
@@ -64,9 +87,17 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int
     return int(available // per_block)
 
 
-def num_cpu_blocks(swap_space_gib: float, model: ModelSpec, block_size: int, tp: int = 1) -> int:
+def expert_parallel(hardware_cfg) -> int:
+    """Expert-parallel GPUs: tensor × data parallel with ``hardware.expert_parallel``, else 1."""
+    if not getattr(hardware_cfg, "expert_parallel", False):
+        return 1
+    return getattr(hardware_cfg, "tensor_parallel", 1) * getattr(hardware_cfg, "data_parallel", 1)
+
+
+def num_cpu_blocks(swap_space_gib: float, model: ModelSpec, block_size: int, tp: int = 1,
+                   max_model_len: int | None = None) -> int:
     """Blocks of the CPU swap pool: ``swap_space_gib`` GiB per GPU // bytes per block."""
-    return int(swap_space_gib * GIB) // block_bytes(model, block_size, tp)
+    return int(int(swap_space_gib * GIB) // block_bytes(model, block_size, tp, max_model_len))
 
 
 def resolve_kv(scenario, model: ModelSpec, gpu: GPUSpec) -> tuple[int, int]:
@@ -94,10 +125,12 @@ def resolve_kv(scenario, model: ModelSpec, gpu: GPUSpec) -> tuple[int, int]:
 def _resolve_kv(scenario, model: ModelSpec, gpu: GPUSpec) -> tuple[int, int]:
     tp = scenario.hardware.tensor_parallel
     eng = scenario.engine
-    cpu = num_cpu_blocks(eng.swap_space_gib, model, eng.block_size, tp)
+    cpu = num_cpu_blocks(eng.swap_space_gib, model, eng.block_size, tp, eng.max_model_len)
     if eng.num_gpu_blocks is not None:
         return eng.num_gpu_blocks, cpu
-    usable = num_gpu_blocks(model, gpu, scenario.hardware, eng.block_size, tp) - 1
+    usable = num_gpu_blocks(model, gpu, scenario.hardware, eng.block_size, tp,
+                            max_num_batched_tokens=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
+                            max_model_len=eng.max_model_len) - 1
     if usable * eng.block_size < eng.max_model_len:
         raise CbsimError(
             f"the KV cache of {model.name!r} on {gpu.name} holds {usable} blocks × {eng.block_size} = "

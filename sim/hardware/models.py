@@ -2,14 +2,32 @@
 
 The simulator never runs a model; it needs how many bytes its weights take (what is left of a
 GPU for the KV cache), how many KV bytes each token costs (how many blocks fit), and how many
-FLOPs a token costs (the roofline and MFU). All of that follows from the architecture
-hyper-parameters below, read from each model's published ``config.json``.
+FLOPs and bytes each operator of a step costs (the roofline and MFU). All of that follows from the
+architecture hyper-parameters below, read from each model's published ``config.json``
+(:mod:`sim.hardware.hf_config` reads one for you).
 
 Tensor parallelism (Megatron-style, as vLLM does it) splits the attention heads, the MLP and the
 vocabulary across ``tp`` GPUs; layer norms are replicated. KV heads are split too; when a model
 has fewer KV heads than GPUs, vLLM *replicates* each KV head over ``tp / num_kv_heads`` GPUs so
 that every GPU holds exactly one (``tp`` must then be a multiple of ``num_kv_heads``). Query heads
 must divide evenly by ``tp``, as in vLLM; anything else is an error.
+
+Mixture of experts (Mixtral, Qwen2/3-MoE): every layer's MLP is ``num_experts`` gated experts of
+width ``moe_intermediate_size``, of which each token uses ``num_experts_per_tok``, plus an
+optional always-on shared expert, plus a router (hidden × experts, kept unquantized as vLLM does).
+Without expert parallelism each expert is split over the ``tp`` GPUs like a dense MLP; with it
+(``ep`` > 1, vLLM's ``--enable-expert-parallel``, where ``ep`` = tensor × data parallel) each GPU
+holds ``num_experts / ep`` whole experts.
+
+Dtypes: ``dtype`` is the activation (torch) dtype. ``quantization: fp8`` is w8a8 FP8: the linear
+layers of the decoder (attention projections, MLP, experts) store one byte per weight and run on
+FP8 tensor cores; embeddings, LM head, norms and the router stay in ``dtype`` (vLLM's Fp8 and
+compressed-tensors methods skip them). ``kv_cache_dtype: fp8`` stores K and V in one byte
+(vLLM's ``--kv-cache-dtype fp8``); ``None`` or ``auto`` stores them in ``dtype``.
+
+Sliding-window layers (Mistral 7B v0.1, Gemma 2/3) attend to at most ``sliding_window`` keys and
+hold at most that many tokens of KV per sequence: :meth:`ModelSpec.kv_capacity_bytes_per_token`
+and the attention cost count them so.
 """
 
 from __future__ import annotations
@@ -20,16 +38,49 @@ from typing import Any
 from sim.errors import CbsimError, nearest
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+QUANTIZATIONS = {"fp8": 1}  # bytes per quantized weight
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1}  # None: the model's dtype
 
 # vLLM pads the vocabulary of its (vocab-parallel) embedding and LM head to a multiple of 64
 # (``DEFAULT_VOCAB_PADDING_SIZE`` in vllm/model_executor/layers/vocab_parallel_embedding.py) and
 # then splits it evenly over the tensor-parallel ranks; the padded rows take memory too.
 VOCAB_PADDING = 64
 
+_POSITIVE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+             "vocab_size")
+_NON_NEGATIVE = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                 "shared_expert_intermediate_size", "sliding_window", "num_sliding_layers")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """One GEMM of a step, on ONE GPU: ``rows`` × ``k`` activations times a ``k`` × ``n`` weight.
+
+    ``per`` says what ``rows`` counts: ``token`` (every token of the step passes through it) or
+    ``sequence`` (the LM head: vLLM computes logits only at each scheduled sequence's sampled
+    position). ``layers``: how many times a step runs it (once per decoder layer, or once).
+    """
+
+    name: str
+    n: int
+    k: int
+    weight_bytes: int  # bytes per weight element (1 for fp8)
+    layers: int
+    per: str = "token"
+
+    @property
+    def weight_bytes_total(self) -> int:
+        return self.n * self.k * self.weight_bytes * self.layers
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A Llama-style decoder (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP)."""
+    """A Llama-style decoder (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP or a
+    mixture of SwiGLU experts)."""
 
     name: str
     num_layers: int
@@ -41,44 +92,98 @@ class ModelSpec:
     vocab_size: int
     dtype: str = "bf16"
     tied_embeddings: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                      "intermediate_size", "vocab_size"):
+        for field in _POSITIVE + _NON_NEGATIVE:
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CbsimError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
+            low = 1 if field in _POSITIVE else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                kind = "a positive" if low else "a non-negative"
+                raise CbsimError(f"model {self.name!r}: {field} must be {kind} integer, got {value!r}")
         if self.dtype not in DTYPE_BYTES:
             raise CbsimError(f"model {self.name!r}: dtype {self.dtype!r} is not one of "
                              f"{', '.join(DTYPE_BYTES)}{nearest(self.dtype, DTYPE_BYTES)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise CbsimError(f"model {self.name!r}: quantization {self.quantization!r} is not one of "
+                             f"{', '.join(QUANTIZATIONS)} (or null)")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise CbsimError(f"model {self.name!r}: kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}")
         if self.num_heads % self.num_kv_heads:
             raise CbsimError(f"model {self.name!r}: num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads}) (grouped-query attention)")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise CbsimError(f"model {self.name!r}: num_experts_per_tok must be between 1 and num_experts "
+                                 f"({self.num_experts}), got {self.num_experts_per_tok}")
+            if self.moe_intermediate_size < 1:
+                raise CbsimError(f"model {self.name!r}: moe_intermediate_size (one expert's width) is required "
+                                 f"with num_experts")
+        elif self.num_experts_per_tok or self.moe_intermediate_size or self.shared_expert_intermediate_size:
+            raise CbsimError(f"model {self.name!r}: num_experts_per_tok, moe_intermediate_size and "
+                             f"shared_expert_intermediate_size need num_experts > 0")
+        if self.num_sliding_layers > self.num_layers:
+            raise CbsimError(f"model {self.name!r}: num_sliding_layers ({self.num_sliding_layers}) exceeds "
+                             f"num_layers ({self.num_layers})")
+        if bool(self.sliding_window) != bool(self.num_sliding_layers):
+            raise CbsimError(f"model {self.name!r}: sliding_window and num_sliding_layers go together "
+                             f"(the window in tokens, and how many layers use it)")
 
     # --- sizes --------------------------------------------------------------------------------
     @property
     def dtype_bytes(self) -> int:
+        """Bytes of one activation element (and of an unquantized weight)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def linear_weight_bytes(self) -> int:
+        """Bytes of one weight of a decoder linear layer: 1 under fp8, else the dtype's."""
+        return QUANTIZATIONS[self.quantization] if self.quantization else self.dtype_bytes
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one cached K or V element."""
+        q = KV_CACHE_DTYPES.get(self.kv_cache_dtype or "auto")
+        return q if q is not None else self.dtype_bytes
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def q_size(self) -> int:
         """Width of the query projection (num_heads × head_dim); not always hidden_size."""
         return self.num_heads * self.head_dim
 
+    @property
+    def num_full_layers(self) -> int:
+        """Layers attending over the whole context (the rest slide over ``sliding_window``)."""
+        return self.num_layers - self.num_sliding_layers
+
     def num_params(self) -> int:
         """Parameters of the whole (unsharded) model, as the checkpoint counts them."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        per_layer = (
-            h * self.q_size  # q_proj
-            + 2 * h * kv  # k_proj, v_proj
-            + self.q_size * h  # o_proj
-            + 3 * h * self.intermediate_size  # gate_proj, up_proj, down_proj
-            + 2 * h  # input and post-attention RMSNorm
-        )
+        attention = h * self.q_size + 2 * h * kv + self.q_size * h
+        per_layer = attention + self._mlp_params() + 2 * h
         embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return embeddings + self.num_layers * per_layer + h  # + final norm
 
-    # --- tensor parallelism -------------------------------------------------------------------
+    def _mlp_params(self) -> int:
+        h = self.hidden_size
+        if not self.is_moe:
+            return 3 * h * self.intermediate_size
+        return (self.num_experts * 3 * h * self.moe_intermediate_size + h * self.num_experts
+                + 3 * h * self.shared_expert_intermediate_size)
+
+    # --- parallelism --------------------------------------------------------------------------
     def check_tp(self, tp: int) -> None:
         """Raise unless ``tp`` GPUs can split this model the way vLLM does."""
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
@@ -93,6 +198,17 @@ class ModelSpec:
             raise CbsimError(f"model {self.name!r}: tensor_parallel={tp} does not divide its "
                              f"{self.num_kv_heads} KV heads")
 
+    def check_ep(self, ep: int) -> None:
+        """Raise unless ``ep`` expert-parallel ranks can split the experts evenly."""
+        if ep == 1:
+            return
+        if not self.is_moe:
+            raise CbsimError(f"model {self.name!r} has no experts: hardware.expert_parallel needs a "
+                             f"mixture-of-experts model")
+        if self.num_experts % ep:
+            raise CbsimError(f"model {self.name!r}: {ep} expert-parallel GPUs (tensor_parallel × "
+                             f"data_parallel) do not divide its {self.num_experts} experts")
+
     def heads_per_rank(self, tp: int = 1) -> int:
         self.check_tp(tp)
         return self.num_heads // tp
@@ -102,34 +218,96 @@ class ModelSpec:
         self.check_tp(tp)
         return max(1, self.num_kv_heads // tp)
 
-    def weight_bytes(self, tp: int = 1) -> int:
-        """Bytes of weights on ONE GPU of a ``tp``-way tensor-parallel group.
+    def experts_per_rank(self, ep: int = 1) -> int:
+        return self.num_experts // ep if ep > 1 else self.num_experts
+
+    def expert_width_per_rank(self, tp: int = 1, ep: int = 1) -> int:
+        """One expert's intermediate width on one GPU: whole under expert parallelism, else /tp."""
+        return self.moe_intermediate_size if ep > 1 else _ceil_div(self.moe_intermediate_size, tp)
+
+    # --- operators (per GPU) ------------------------------------------------------------------
+    def dense_linears(self, tp: int = 1) -> list[Linear]:
+        """The GEMMs every token passes through (attention projections, a dense or shared-expert
+        MLP, the router), then the LM head, with their TP-sharded shapes. Routed experts are not
+        here: what they cost depends on how many the step's tokens hit (:meth:`expert_linears`)."""
+        h, w, L = self.hidden_size, self.linear_weight_bytes, self.num_layers
+        q = self.q_size // tp
+        kv = self.kv_heads_per_rank(tp) * self.head_dim
+        ops = [Linear("qkv_proj", q + 2 * kv, h, w, L), Linear("o_proj", h, q, w, L)]
+        mlp = self.shared_expert_intermediate_size if self.is_moe else self.intermediate_size
+        if mlp:
+            inter = _ceil_div(mlp, tp)
+            name = "shared_expert" if self.is_moe else "mlp"
+            ops += [Linear(f"{name}.gate_up_proj", 2 * inter, h, w, L), Linear(f"{name}.down_proj", h, inter, w, L)]
+        if self.is_moe:
+            ops.append(Linear("router", self.num_experts, h, self.dtype_bytes, L))
+        ops.append(Linear("lm_head", self._vocab_rows(tp), h, self.dtype_bytes, 1, per="sequence"))
+        return ops
+
+    def expert_linears(self, tp: int = 1, ep: int = 1) -> list[Linear]:
+        """ONE routed expert's GEMMs on one GPU (``layers`` = every decoder layer)."""
+        if not self.is_moe:
+            return []
+        h, w, L = self.hidden_size, self.linear_weight_bytes, self.num_layers
+        inter = self.expert_width_per_rank(tp, ep)
+        return [Linear("expert.gate_up_proj", 2 * inter, h, w, L), Linear("expert.down_proj", h, inter, w, L)]
+
+    def _vocab_rows(self, tp: int) -> int:
+        padded_vocab = _ceil_div(self.vocab_size, VOCAB_PADDING) * VOCAB_PADDING
+        return _ceil_div(padded_vocab, tp)
+
+    # --- memory -------------------------------------------------------------------------------
+    def weight_bytes(self, tp: int = 1, ep: int = 1) -> int:
+        """Bytes of weights on ONE GPU of a ``tp``-way tensor-parallel group (experts split over
+        ``ep`` expert-parallel GPUs when ``ep`` > 1).
 
         Sharded: q/o projections and the MLP (by ``tp``), K/V projections (by KV heads per rank,
         replicated like the KV heads), embedding and LM head (vocabulary padded to a multiple of
-        64, then split). Replicated: the RMSNorm weights.
+        64, then split), experts (by ``ep``, or their width by ``tp``). Replicated: the RMSNorm
+        weights and the router.
         """
+        self.check_ep(ep)
         h = self.hidden_size
-        kv = self.kv_heads_per_rank(tp) * self.head_dim
-        inter = -(-self.intermediate_size // tp)
-        per_layer = 2 * h * (self.q_size // tp) + 2 * h * kv + 3 * h * inter + 2 * h
-        padded_vocab = -(-self.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
-        vocab_rows = -(-padded_vocab // tp)
-        embeddings = vocab_rows * h * (1 if self.tied_embeddings else 2)
-        return (embeddings + self.num_layers * per_layer + h) * self.dtype_bytes
+        linears = sum(op.weight_bytes_total for op in self.dense_linears(tp) if op.per == "token")
+        experts = self.experts_per_rank(ep) * sum(op.weight_bytes_total for op in self.expert_linears(tp, ep))
+        vocab_rows = self._vocab_rows(tp)
+        embeddings = vocab_rows * h * (1 if self.tied_embeddings else 2) * self.dtype_bytes
+        norms = (2 * self.num_layers + 1) * h * self.dtype_bytes
+        return linears + experts + embeddings + norms
+
+    def kv_layer_bytes_per_token(self, tp: int = 1) -> int:
+        """KV-cache bytes one token takes in ONE layer on ONE GPU: K and V."""
+        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * self.kv_dtype_bytes
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
-        """KV-cache bytes one token takes on ONE GPU: K and V, every layer."""
-        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * self.dtype_bytes * self.num_layers
+        """KV-cache bytes one token takes on ONE GPU when every layer holds it (K and V)."""
+        return self.kv_layer_bytes_per_token(tp) * self.num_layers
+
+    def kv_capacity_bytes_per_token(self, tp: int = 1, max_model_len: int | None = None) -> float:
+        """KV bytes a token of a ``max_model_len``-token request takes on ONE GPU, on average.
+
+        Full-attention layers hold every token; a sliding-window layer holds at most
+        ``sliding_window`` of them, i.e. ``min(window, max_model_len) / max_model_len`` of a token
+        each. The KV pool then holds as many ``max_model_len`` requests as vLLM reports as its
+        "maximum concurrency" (``get_max_concurrency_for_kv_cache_config``, which prices a request
+        at ``max_model_len`` per KV cache group). Shorter requests are charged that same average,
+        so for them a sliding-window model's pool is optimistic. Without sliding layers this is
+        exactly :meth:`kv_bytes_per_token`.
+        """
+        layer = self.kv_layer_bytes_per_token(tp)
+        if not self.num_sliding_layers or not max_model_len or self.sliding_window >= max_model_len:
+            return float(self.kv_bytes_per_token(tp))
+        share = self.sliding_window / max_model_len
+        return layer * (self.num_full_layers + self.num_sliding_layers * share)
 
     # --- compute ------------------------------------------------------------------------------
     def layer_flops_per_token(self, tp: int = 1) -> float:
-        """FLOPs of the decoder layers' linear projections for one token on ONE GPU:
-        2 (multiply + add) × the weights it multiplies (q, k, v, o, gate, up, down)."""
-        h = self.hidden_size
-        kv = self.kv_heads_per_rank(tp) * self.head_dim
-        inter = -(-self.intermediate_size // tp)
-        return 2.0 * self.num_layers * (2 * h * (self.q_size // tp) + 2 * h * kv + 3 * h * inter)
+        """FLOPs of the decoder layers' linear projections for one token on ONE GPU: 2 (multiply
+        + add) × the weights it multiplies (q, k, v, o, the MLP; for an MoE, the router, the
+        shared expert and its ``num_experts_per_tok`` routed experts)."""
+        per_layer = sum(op.n * op.k for op in self.dense_linears(tp) if op.per == "token")
+        per_layer += self.num_experts_per_tok * sum(op.n * op.k for op in self.expert_linears(tp))
+        return 2.0 * self.num_layers * per_layer
 
     def lm_head_flops(self, tp: int = 1) -> float:
         """FLOPs of the LM head (hidden → vocabulary logits) for one sampled position, ONE GPU."""
@@ -153,7 +331,18 @@ class ModelSpec:
         return 4.0 * self.heads_per_rank(tp) * self.head_dim * self.num_layers
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as a dict, leaving out new fields at their defaults, so the metadata of
+        tables written before they existed still compares equal."""
+        data = asdict(self)
+        for key, default in _OPTIONAL_DEFAULTS.items():
+            if data[key] == default:
+                del data[key]
+        return data
+
+
+_OPTIONAL_DEFAULTS = {"num_experts": 0, "num_experts_per_tok": 0, "moe_intermediate_size": 0,
+                      "shared_expert_intermediate_size": 0, "sliding_window": 0, "num_sliding_layers": 0,
+                      "quantization": None, "kv_cache_dtype": None}
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int,
@@ -179,9 +368,9 @@ MODELS: dict[str, ModelSpec] = {
         _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, dtype="fp16"),
         # mistralai/Mistral-7B-v0.1 config.json: num_hidden_layers 32, hidden_size 4096,
         # num_attention_heads 32, num_key_value_heads 8, intermediate_size 14336,
-        # vocab_size 32000, torch_dtype bfloat16. (Its 4096-token sliding window is not modelled:
-        # KV memory is counted for the full context, which is what vLLM's paged cache allocates
-        # for models without a hybrid allocator.)
+        # vocab_size 32000, torch_dtype bfloat16. Its 4096-token sliding window is left out of
+        # this id (KV memory is counted for the full context, as before the window was modelled);
+        # model: {hf_config: ...} of the same config.json models the window.
         _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
         # Qwen/Qwen2.5-7B config.json: num_hidden_layers 28, hidden_size 3584,
         # num_attention_heads 28, num_key_value_heads 4, intermediate_size 18944,
@@ -195,33 +384,85 @@ MODELS: dict[str, ModelSpec] = {
     )
 }
 
+_SPEC_KEYS = tuple(ModelSpec.__dataclass_fields__)
+
 
 def get_model(spec: Any) -> ModelSpec:
-    """A :class:`ModelSpec` from a registry id, an inline spec (a mapping or the scenario's
-    ``ModelSpecConfig``), or a ``ModelSpec`` itself."""
+    """A :class:`ModelSpec` from a registry id, ``ORG/NAME`` (a config.json found locally:
+    :mod:`sim.hardware.model_sources`), an inline spec (a mapping or the scenario's
+    ``ModelSpecConfig``), ``{"hf_config": PATH, ...}`` (a Hugging Face config.json, with optional
+    ``name``, ``quantization`` and ``kv_cache_dtype`` overrides), or a ``ModelSpec`` itself."""
     if isinstance(spec, ModelSpec):
         return spec
     if isinstance(spec, str):
         if spec in MODELS:
             return MODELS[spec]
+        from sim.hardware.model_sources import find_config, looks_like_hub_name
+
+        if looks_like_hub_name(spec):
+            source = find_config(spec)
+            return from_hf_config(source.path, name=spec)
         raise CbsimError(f"unknown model {spec!r}{nearest(spec, MODELS)}; known models: "
-                         f"{', '.join(MODELS)} (or give an inline spec: num_layers, hidden_size, ...)")
+                         f"{', '.join(MODELS)}, ORG/NAME of a config.json cached locally (`cbsim models`), "
+                         f"{{hf_config: PATH}}, or an inline spec (num_layers, hidden_size, ...)")
     if hasattr(spec, "model_dump"):
-        spec = spec.model_dump()
+        spec = spec.model_dump(exclude_none=False)
     if isinstance(spec, dict):
-        data = dict(spec)
+        data = {k: v for k, v in spec.items() if not (k == "hf_config" and v is None)}
+        if "hf_config" in data:
+            return _from_hf_entry(data)
         data.setdefault("name", "inline")
         if data.get("num_kv_heads") is None and "num_heads" in data:
             data["num_kv_heads"] = data["num_heads"]
         if data.get("head_dim") is None and "hidden_size" in data and data.get("num_heads"):
             data["head_dim"] = data["hidden_size"] // data["num_heads"]
-        known = set(ModelSpec.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
+        for key, default in _OPTIONAL_DEFAULTS.items():
+            if key in data and data[key] is None:
+                data[key] = default
+        unknown = sorted(set(data) - set(_SPEC_KEYS))
         if unknown:
-            raise CbsimError(f"inline model: unknown key {unknown[0]!r}{nearest(unknown[0], known)}; "
-                             f"allowed keys: {', '.join(ModelSpec.__dataclass_fields__)}")
+            raise CbsimError(f"inline model: unknown key {unknown[0]!r}{nearest(unknown[0], _SPEC_KEYS)}; "
+                             f"allowed keys: {', '.join(_SPEC_KEYS)} (or hf_config: PATH)")
         try:
             return ModelSpec(**data)
         except TypeError as exc:
             raise CbsimError(f"inline model: {exc}") from None
-    raise CbsimError(f"model must be an id ({', '.join(MODELS)}) or an inline spec, got {spec!r}")
+    raise CbsimError(f"model must be an id ({', '.join(MODELS)}), ORG/NAME, {{hf_config: PATH}} or an inline "
+                     f"spec, got {spec!r}")
+
+
+_HF_OVERRIDES = ("name", "quantization", "kv_cache_dtype")
+
+
+def _from_hf_entry(data: dict[str, Any]) -> ModelSpec:
+    extra = sorted(k for k, v in data.items() if k not in ("hf_config", *_HF_OVERRIDES) and v is not None)
+    if extra:
+        raise CbsimError(f"model: with hf_config only {', '.join(_HF_OVERRIDES)} may be given besides it, got "
+                         f"{extra[0]!r}; the rest comes from the config.json")
+    overrides = {k: data[k] for k in _HF_OVERRIDES if data.get(k) is not None}
+    return from_hf_config(data["hf_config"], **overrides)
+
+
+def from_hf_config(path: Any, name: str | None = None, **overrides: Any) -> ModelSpec:
+    """The spec a Hugging Face ``config.json`` (file or folder) describes; ``overrides`` replace
+    fields (``quantization``, ``kv_cache_dtype``)."""
+    from pathlib import Path
+
+    from sim.hardware.hf_config import read_config_file, spec_fields
+
+    p = Path(str(path)).expanduser()
+    fields = spec_fields(read_config_file(p), name or _name_from_path(p), where=str(p))
+    fields.update(overrides)
+    return ModelSpec(**fields)
+
+
+def _name_from_path(p) -> str:
+    """A readable name for a config.json: its folder (``.../Llama-3.1-8B/config.json``), or the
+    file's stem for a differently named file; HF cache snapshots are named by their repo."""
+    if p.name == "config.json" or p.is_dir():
+        folder = p if p.is_dir() else p.parent
+        parts = folder.parts
+        if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+            return parts[-3].removeprefix("models--").replace("--", "/", 1)
+        return folder.name or "hf-config"
+    return p.stem

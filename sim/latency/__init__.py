@@ -12,9 +12,12 @@ from sim.latency.base import LatencyModel, StepShape, step_shape
 __all__ = ["LatencyModel", "StepShape", "step_shape", "make_latency"]
 
 
-def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int, path=None) -> LatencyModel:
+def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int, path=None,
+                 async_scheduling: bool = True, data_parallel: int = 1, expert_parallel: int = 1) -> LatencyModel:
     """Build the latency model named by a scenario's ``latency`` section (``path``: the table
-    folder already resolved against the scenario's location)."""
+    folder already resolved against the scenario's location; ``async_scheduling``: the scenario's
+    ``engine.async_scheduling``, how a table's ``engine_cpu`` term adds to the GPU time;
+    ``data_parallel``/``expert_parallel``: the MoE layout the roofline prices)."""
     if cfg.backend == "constant":
         from sim.latency.constant import ConstantLatency
 
@@ -22,11 +25,14 @@ def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int, path=No
     if cfg.backend == "roofline":
         from sim.latency.roofline import RooflineLatency
 
-        kwargs = {} if getattr(cfg, "overhead_s", None) is None else {"overhead_s": cfg.overhead_s}
-        return RooflineLatency(model, gpu, tensor_parallel, block_size, **kwargs)
+        kwargs = {key: getattr(cfg, key) for key in ("overhead_s", "compute_efficiency", "memory_efficiency")
+                  if getattr(cfg, key, None) is not None}
+        return RooflineLatency(model, gpu, tensor_parallel, block_size, data_parallel=data_parallel,
+                               expert_parallel=expert_parallel, **kwargs)
     if cfg.backend == "table":
         from sim.latency.table import TableLatency
 
         return TableLatency.from_path(path or cfg.path, model, gpu, tensor_parallel, block_size,
-                                      overhead_s=getattr(cfg, "overhead_s", None))
+                                      overhead_s=getattr(cfg, "overhead_s", None),
+                                      async_scheduling=async_scheduling)
     raise ValueError(f"unknown latency backend {cfg.backend!r}")

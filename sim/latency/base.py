@@ -90,6 +90,11 @@ class LatencyModel:
             return flops
         return flops - self._flops_per_token * shape.padding_tokens - self._attn_flops_per_pair * shape.padding_ctx
 
+    def recompute_flops(self, tokens: int, pairs: float) -> float:
+        """FLOPs of ``tokens`` recomputed tokens whose attention covers ``pairs`` query-key pairs
+        (:mod:`sim.metrics.recompute`): step time, but not useful work, so MFU leaves them out."""
+        return self._flops_per_token * tokens + self._attn_flops_per_pair * pairs
+
     def step_flops_bytes(self, shape: StepShape) -> tuple[float, float]:
         """FLOPs and HBM bytes of one step on one GPU (a TP shard)."""
         n = shape.num_tokens

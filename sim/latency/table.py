@@ -1,7 +1,12 @@
 """Step times from a latency table: measured (``calib``) or fitted from an engine's step log.
 
 The table (format: :mod:`sim.latency.table_format`) holds five components on grids; a step's time
-is their sum: ``overhead + linear(T) + Σ prefill_attn(n, c) + decode_attn(b, c̄) + step_gap``.
+is their sum: ``overhead + linear(T) + Σ prefill_attn(n, c) + decode_attn(b, c̄) + step_gap``, plus
+the optional ones when present: ``per_seq(S)`` (S = sequences in the step), ``decode_attn_mixed``
+in place of ``decode_attn`` when the step also holds a prefill chunk, the decode-skew term of
+``decode_skew_alpha``, and the engine's CPU time ``engine_cpu(S)``, combined with that GPU time
+as the engine schedules (``async_scheduling``: the larger of the two; otherwise their sum;
+:mod:`sim.latency.engine_cpu`).
 Per-request prefill chunks come from the :class:`StepPlan` (``num_new_tokens``, ``context``; a
 decode is n == 1 on a non-empty context), the token count from :class:`StepShape`. Grids are
 interpolated linearly (bilinearly), never in log space; outside a grid the nearest two points
@@ -19,7 +24,7 @@ from pathlib import Path
 
 from sim.errors import CbsimError
 from sim.latency.base import LatencyModel
-from sim.latency.table_format import COMPONENTS, LatencyTable, read_table
+from sim.latency.table_format import ALL_COMPONENTS, LatencyTable, read_table
 
 
 class TableExtrapolationWarning(UserWarning):
@@ -30,7 +35,7 @@ class TableLatency(LatencyModel):
     name = "table"
 
     def __init__(self, table: LatencyTable, model, gpu, tensor_parallel: int, block_size: int,
-                 overhead_s: float | None = None) -> None:
+                 overhead_s: float | None = None, async_scheduling: bool = True) -> None:
         super().__init__(model, gpu, tensor_parallel, block_size)
         self.table = table
         self.label = str(table.path) if table.path is not None else "latency table"
@@ -41,6 +46,16 @@ class TableLatency(LatencyModel):
         self._lin = _Grid1(comps["linear"], self)
         self._pre = _Grid2(comps["prefill_attn"], self)
         self._dec = _Grid2(comps["decode_attn"], self)
+        self._seq = _Grid1(comps["per_seq"], self) if "per_seq" in comps else None
+        self._mix = _Grid2(comps["decode_attn_mixed"], self) if "decode_attn_mixed" in comps else self._dec
+        self._cpu = _Grid1(comps["engine_cpu"], self) if "engine_cpu" in comps else None
+        self.async_scheduling = bool(async_scheduling)
+        self.skew = float(table.metadata.get("decode_skew_alpha") or 0.0)
+        if self.skew:
+            # the skew term needs each step's longest context, which price_decodes is not given:
+            # shadowing it makes the engine's fast-forward price decode stretches step by step
+            # through price() (same times, slower)
+            self.price_decodes = None
         self._warned: set[str] = set()
         bw = table.metadata.get("bandwidth") or {}
         h2d, d2h = bw.get("h2d_bytes_per_s"), bw.get("d2h_bytes_per_s")
@@ -55,34 +70,51 @@ class TableLatency(LatencyModel):
 
     @classmethod
     def from_path(cls, path: str | Path, model, gpu, tensor_parallel: int, block_size: int,
-                  overhead_s: float | None = None) -> TableLatency:
+                  overhead_s: float | None = None, async_scheduling: bool = True) -> TableLatency:
         table = read_table(path)
         check_compatible(table, model, tensor_parallel, block_size)
-        return cls(table, model, gpu, tensor_parallel, block_size, overhead_s)
+        return cls(table, model, gpu, tensor_parallel, block_size, overhead_s, async_scheduling)
 
     # --- pricing -----------------------------------------------------------------------------
     def price(self, shape, plan=None):
         t = self._fixed
         if shape.num_tokens > 0:
             t += self._lin(shape.num_tokens)
+        if self._seq is not None and shape.num_seqs > 0:
+            t += self._seq(shape.num_seqs)
         pre = self._pre
+        longest = 0
         if plan is not None:
-            b = 0
+            # static batching's finished members still decode a dummy token each (padding_tokens
+            # rows attending to padding_context keys): they are decode rows of the batch
+            b = plan.padding_tokens if plan.padding_context else 0
+            chunks = 0
             ctx = plan.padding_context
             for n, c in zip(plan.num_new_tokens, plan.context):
                 if n == 1 and c > 0:
                     b += 1
                     ctx += c
+                    if c > longest:
+                        longest = c
                 elif n > 0:
                     t += pre(n, c)
+                    chunks += 1
         else:  # shape only: one chunk holding every prefill token, its context recovered from the pairs
             b = shape.decode_tokens
             ctx = shape.decode_ctx - b  # decode_ctx counts c + 1 keys per decode
-            n = shape.prefill_tokens
+            n = chunks = shape.prefill_tokens
             if n > 0:
                 t += pre(n, max(shape.prefill_attn / n - (n + 1) / 2, 0.0))
         if b:
-            t += self._dec(b, ctx / b)
+            dec = self._mix if chunks else self._dec
+            mean = ctx / b
+            d = dec(b, mean)
+            if self.skew and longest > mean:
+                d += self.skew * (dec(b, longest) - d)
+            t += d
+        if self._cpu is not None:
+            cpu = self._cpu(shape.num_seqs)
+            t = (t if t > cpu else cpu) if self.async_scheduling else t + cpu
         flops, bytes_ = self.step_flops_bytes(shape)
         return t, self.useful_flops(shape, flops), bytes_
 
@@ -119,7 +151,13 @@ class TableLatency(LatencyModel):
                 row_n = v[i + 1]
                 bb = row_n[j] + ty * (row_n[j + 1] - row_n[j])
                 along = a + tx * (bb - a)
-        seconds = (self._fixed + self._lin(b)) + np.maximum(along, 0.0)
+        fixed = self._fixed + self._lin(b)
+        if self._seq is not None:
+            fixed += self._seq(b)
+        seconds = fixed + np.maximum(along, 0.0)
+        if self._cpu is not None:  # as price() combines it (a pure-decode step schedules b sequences)
+            cpu = self._cpu(b)
+            seconds = np.maximum(seconds, cpu) if self.async_scheduling else seconds + cpu
         d = ctx + b  # keys read: each context plus the new token
         flops = self._flops_per_token * b + self._attn_flops_per_pair * (0.0 + d)
         bytes_ = self._weight_bytes + self.kv_bytes_per_token * (d + b) + self._act_bytes_per_token * b
@@ -173,7 +211,7 @@ class _Grid1:
         self.axis = list(comp.axes[0])
         self.vals = [float(v) for v in comp.values]
         self.n = len(self.axis)
-        self.owner, self.comp, self.dim = owner, comp.name, COMPONENTS[comp.name][0]
+        self.owner, self.comp, self.dim = owner, comp.name, ALL_COMPONENTS[comp.name][0]
         self.lo, self.hi = self.axis[0], self.axis[-1]
 
     def __call__(self, x: float) -> float:
@@ -194,7 +232,7 @@ class _Grid2:
         self.nx, self.ny = len(self.ax), len(self.ay)
         self.vals = [[float(v) for v in row] for row in comp.values]
         self.owner, self.comp = owner, comp.name
-        self.dx, self.dy = COMPONENTS[comp.name]
+        self.dx, self.dy = ALL_COMPONENTS[comp.name]
 
     def __call__(self, x: float, y: float) -> float:
         ax, ay = self.ax, self.ay

@@ -40,6 +40,28 @@ cache before the step (the step log's ``context``).
 A component with no work in a step contributes 0 (no decodes: no ``decode_attn``; T = 0: no
 ``linear``).
 
+Optional components (a table may leave any of them out; old tables have none):
+
+- ``per_seq`` (1-D, ``sequences``): work per scheduled sequence, priced at S = sequences in the
+  step: the LM head and the sampler (vLLM V1 computes logits for every scheduled request's last
+  position, partial prefill chunks included). Absent: 0 (the LM head is then inside ``linear``).
+- ``decode_attn_mixed`` (2-D, ``batch`` × ``mean_context``): the attention of the decodes of a step
+  that also holds a prefill chunk. In one varlen attention launch beside a chunk, decodes can cost
+  far more than alone (up to 2.5× in the RTX 4090 profile of Llama-3.1-8B); a step with at least
+  one prefill chunk prices its decodes here instead of ``decode_attn``. Absent: ``decode_attn``.
+- ``engine_cpu`` (1-D, ``sequences``): the engine's own CPU time per step (scheduling, input
+  preparation, output processing), by sequences in the step; not a kernel, so it is *combined*
+  with the GPU time rather than added: ``step = gpu + engine_cpu`` for a synchronous engine,
+  ``max(gpu, engine_cpu)`` with asynchronous scheduling (the scenario's
+  ``engine.async_scheduling``; :mod:`sim.latency.engine_cpu`). Absent: 0. ``overhead`` and
+  ``step_gap`` are always added.
+
+Decode skew (metadata ``decode_skew_alpha``, default 0): decodes of unequal contexts cost more
+than a batch all at the mean context; with α > 0 the decode attention of a step is
+``d(b, c̄) + α × (d(b, c_max) − d(b, c̄))`` (``d`` = ``decode_attn`` or ``decode_attn_mixed``,
+``c_max`` = the longest decode context): LLMServingSim's skew correction, whose α its profiler
+measures per GPU.
+
 Interpolation: each grid is interpolated **linearly between grid points, not in log space**
 (bilinearly for 2-D). Outside the grid each dimension is extrapolated linearly from its two
 outermost points, and the backend warns once per dimension (naming it and how far outside). A
@@ -54,8 +76,9 @@ UTF-8 CSV with exactly the header ``component,x,y,seconds``; one row per grid po
 - 2-D (``prefill_attn``, ``decode_attn``): ``x`` = first dimension, ``y`` = second.
 
 Each component's rows must form the full Cartesian product of its grid (every (x, y) pair
-exactly once). ``seconds`` must be finite and >= 0. Every component must be present (write 0
-for one you did not measure, e.g. ``step_gap`` of a forward-pass-only table). Row order is free.
+exactly once). ``seconds`` must be finite and >= 0. Every required component must be present
+(write 0 for one you did not measure, e.g. ``step_gap`` of a forward-pass-only table); optional
+ones may be left out. Row order is free.
 
 metadata.json
 -------------
@@ -86,11 +109,17 @@ Optional keys (null or absent when not applicable or unknown):
   the composed step time on held-out steps (``measured_on`` says which, e.g. "20 % of the step
   log's busy steps, random, seed 0" or "mixed batches measured whole").
 - ``fit``: free-form details of how the values were obtained (fit method, data coverage).
+- ``provenance``: free-form mapping naming where the measurements come from (package and version,
+  files, the engine and version the kernels were measured in, GPU, dtype, grids).
+- ``engine``: mapping describing the engine the table stands for (``name``, ``version``, how
+  the source measured it, e.g. ``enforce_eager``).
+- ``decode_skew_alpha``: number in [0, 1], see "Decode skew" above.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -105,7 +134,7 @@ FORMAT_VERSION = 1
 TABLE_FILE = "table.csv"
 METADATA_FILE = "metadata.json"
 CSV_HEADER = ("component", "x", "y", "seconds")
-SOURCES = ("calib", "steplog")
+SOURCES = ("calib", "steplog", "kernel_db", "llmservingsim")
 
 # component -> its dimensions, in (x, y) order
 COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -115,11 +144,18 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "prefill_attn": ("chunk_tokens", "context"),
     "decode_attn": ("batch", "mean_context"),
 }
+# optional components, same (x, y) convention (see the module docstring)
+OPTIONAL_COMPONENTS: dict[str, tuple[str, ...]] = {
+    "per_seq": ("sequences",),
+    "decode_attn_mixed": ("batch", "mean_context"),
+    "engine_cpu": ("sequences",),
+}
+ALL_COMPONENTS: dict[str, tuple[str, ...]] = {**COMPONENTS, **OPTIONAL_COMPONENTS}
 
 REQUIRED_METADATA = ("format_version", "source", "device", "model", "dtype", "block_size",
                      "tensor_parallel", "date", "grid")
 OPTIONAL_METADATA = ("torch_version", "driver_version", "num_gpu_blocks", "gpu_memory_utilization",
-                     "bandwidth", "heldout_error", "fit")
+                     "bandwidth", "heldout_error", "fit", "provenance", "engine", "decode_skew_alpha")
 
 
 @dataclass
@@ -132,7 +168,7 @@ class Component:
 
     @property
     def dims(self) -> tuple[str, ...]:
-        return COMPONENTS[self.name]
+        return ALL_COMPONENTS[self.name]
 
 
 @dataclass
@@ -198,12 +234,9 @@ def read_table(path: str | Path) -> LatencyTable:
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CbsimError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
-    except UnicodeDecodeError:
-        raise CbsimError(f"{path}: not a UTF-8 text file") from None
+    from sim.user_files import read_json
+
+    meta = read_json(path, "latency table's metadata", "re-run `cbsim calibrate` to write the table again")
     validate_metadata(meta, path)
     return meta
 
@@ -237,8 +270,13 @@ def validate_metadata(meta: Any, where: str | Path = METADATA_FILE) -> None:
         get_model(meta["model"])
     except CbsimError as exc:
         raise CbsimError(f"{where}: model: {exc}") from None
-    if not isinstance(meta["grid"], dict):
-        raise CbsimError(f"{where}: grid must map each component to {{dimension: [values]}}")
+    if not isinstance(meta["grid"], dict) or not all(
+            isinstance(dims, dict) and all(isinstance(v, list) and all(_is_number(x) for x in v)
+                                           for v in dims.values()) for dims in meta["grid"].values()):
+        raise CbsimError(f"{where}: grid must map each component to {{dimension: [numbers]}}")
+    for key in ("device", "dtype", "date"):
+        if not isinstance(meta[key], str):
+            raise CbsimError(f"{where}: {key} must be a string, got {meta[key]!r:.60}")
     bw = meta.get("bandwidth")
     if bw is not None:
         if not isinstance(bw, dict):
@@ -248,7 +286,16 @@ def validate_metadata(meta: Any, where: str | Path = METADATA_FILE) -> None:
                 raise CbsimError(f"{where}: bandwidth.{key} is unknown{nearest(key, ('h2d_bytes_per_s', 'd2h_bytes_per_s'))}")
             if value is not None and not (isinstance(value, int | float) and value > 0):
                 raise CbsimError(f"{where}: bandwidth.{key} must be a positive number of bytes/s or null, got {value!r}")
+    alpha = meta.get("decode_skew_alpha")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, int | float)
+                              or not 0 <= alpha <= 1):
+        raise CbsimError(f"{where}: decode_skew_alpha must be a number in [0, 1] or null, got {alpha!r}")
+    for key in ("provenance", "engine"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            raise CbsimError(f"{where}: {key} must be a mapping or null, got {meta[key]!r:.60}")
     err = meta.get("heldout_error")
+    if err is not None and not isinstance(err, dict):
+        raise CbsimError(f"{where}: heldout_error must be a mapping or null, got {err!r:.60}")
     if err is not None:
         missing = [k for k in ("mean_abs_rel", "p90_abs_rel", "n", "measured_on") if k not in err]
         if missing:
@@ -256,11 +303,14 @@ def validate_metadata(meta: Any, where: str | Path = METADATA_FILE) -> None:
 
 
 def read_csv(path: Path) -> dict[str, Component]:
+    from sim.user_files import read_text
+
+    text = read_text(path, "latency table", "re-run `cbsim calibrate` to write the table again")
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-    except UnicodeDecodeError:
-        raise CbsimError(f"{path}: not a UTF-8 text file") from None
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as exc:  # a NUL byte, a field larger than the csv module's limit
+        raise CbsimError(f"{path}: not a readable CSV file ({exc}); re-run `cbsim calibrate` to write "
+                         f"the table again") from None
     if not rows or tuple(c.strip() for c in rows[0]) != CSV_HEADER:
         raise CbsimError(f"{path}: the first line must be the header {','.join(CSV_HEADER)}")
     points: dict[str, dict[tuple, float]] = {}
@@ -270,14 +320,14 @@ def read_csv(path: Path) -> dict[str, Component]:
         if len(row) != 4:
             raise CbsimError(f"{path}:{lineno}: expected 4 fields ({','.join(CSV_HEADER)}), got {len(row)}")
         name, x, y, seconds = (c.strip() for c in row)
-        if name not in COMPONENTS:
-            raise CbsimError(f"{path}:{lineno}: unknown component {name!r}{nearest(name, COMPONENTS)}; "
-                             f"components: {', '.join(COMPONENTS)}")
-        ndim = len(COMPONENTS[name])
+        if name not in ALL_COMPONENTS:
+            raise CbsimError(f"{path}:{lineno}: unknown component {name!r}{nearest(name, ALL_COMPONENTS)}; "
+                             f"components: {', '.join(ALL_COMPONENTS)}")
+        ndim = len(ALL_COMPONENTS[name])
         coords = []
         for dim_i, (label, text) in enumerate((("x", x), ("y", y))):
             if dim_i < ndim:
-                coords.append(_parse(text, path, lineno, f"{label} ({COMPONENTS[name][dim_i]} of {name})"))
+                coords.append(_parse(text, path, lineno, f"{label} ({ALL_COMPONENTS[name][dim_i]} of {name})"))
             elif text:
                 raise CbsimError(f"{path}:{lineno}: {name} has {ndim} dimension(s); leave {label} empty")
         value = _parse(seconds, path, lineno, "seconds")
@@ -294,13 +344,13 @@ def read_csv(path: Path) -> dict[str, Component]:
                          f"(write 0 for one you did not measure)")
     components = {}
     for name, bucket in points.items():
-        ndim = len(COMPONENTS[name])
+        ndim = len(ALL_COMPONENTS[name])
         axes = tuple(tuple(sorted({k[d] for k in bucket})) for d in range(ndim))
         shape = tuple(len(a) for a in axes)
         if len(bucket) != int(np.prod(shape)):
             have = set(bucket)
             absent = next(k for k in _product(axes) if k not in have)
-            raise CbsimError(f"{path}: {name} is not a full grid: {dict(zip(COMPONENTS[name], absent))} has no row "
+            raise CbsimError(f"{path}: {name} is not a full grid: {dict(zip(ALL_COMPONENTS[name], absent))} has no row "
                              f"({len(bucket)} rows for a {' x '.join(map(str, shape))} grid)")
         values = np.zeros(shape)
         index = [{v: i for i, v in enumerate(a)} for a in axes]
@@ -308,6 +358,10 @@ def read_csv(path: Path) -> dict[str, Component]:
             values[tuple(index[d][key[d]] for d in range(ndim))] = value
         components[name] = Component(name, axes, values)
     return components
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _parse(text: str, path: Path, lineno: int, what: str) -> float:
@@ -347,7 +401,7 @@ def write_table(folder: str | Path, table: LatencyTable) -> Path:
     validate_metadata(meta, folder / METADATA_FILE)
     folder.mkdir(parents=True, exist_ok=True)
     rows = [CSV_HEADER]
-    for name in COMPONENTS:
+    for name in [c for c in ALL_COMPONENTS if c in table.components]:
         comp = table.components[name]
         for key in _product(comp.axes):
             idx = tuple(comp.axes[d].index(key[d]) for d in range(len(key)))
@@ -366,12 +420,12 @@ def _fmt(v: float) -> str:
 
 def make_component(name: str, axes, values) -> Component:
     """A component from plain lists (for writers: the fit, calib, tests)."""
-    if name not in COMPONENTS:
-        raise ValueError(f"unknown component {name!r}; components: {', '.join(COMPONENTS)}")
+    if name not in ALL_COMPONENTS:
+        raise ValueError(f"unknown component {name!r}; components: {', '.join(ALL_COMPONENTS)}")
     axes = tuple(tuple(float(v) for v in a) for a in axes)
-    if len(axes) != len(COMPONENTS[name]):
-        raise ValueError(f"{name} has dimensions {COMPONENTS[name]}, got {len(axes)} axes")
-    for dim, a in zip(COMPONENTS[name], axes):
+    if len(axes) != len(ALL_COMPONENTS[name]):
+        raise ValueError(f"{name} has dimensions {ALL_COMPONENTS[name]}, got {len(axes)} axes")
+    for dim, a in zip(ALL_COMPONENTS[name], axes):
         if list(a) != sorted(set(a)):
             raise ValueError(f"{name}.{dim}: grid values must be strictly increasing, got {a}")
     arr = np.asarray(values, dtype=float).reshape(tuple(len(a) for a in axes))

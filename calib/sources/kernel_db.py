@@ -1,0 +1,727 @@
+"""A cbsim latency table composed from NVIDIA AIConfigurator's kernel database
+(``cbsim calibrate --from-kernel-db``).
+
+AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0; on PyPI as ``aiconfigurator-core``) ships
+per-kernel latencies measured on real GPUs *inside* the serving engines (vLLM, SGLang,
+TensorRT-LLM): GEMMs by (m, n, k, dtype), context attention by (batch, input length, heads, KV
+heads, head dim, KV dtype), generation attention by (batch, KV length, ...), vLLM's custom
+all-reduce and NCCL by message size and GPU count, fused MoE by tokens, experts and top-k. Its
+compiled engine (``aiconfigurator_core.sdk.engine.EngineHandle``) turns a model's ``config.json``
+into the engine's own operator list and prices each operator from those tables (interpolating
+between measured points and flooring at the speed of light). Why we go through that engine rather
+than reading the parquet files ourselves: it knows which kernel each engine version runs for
+each shape and how AIConfigurator's authors interpolate their own data; re-deriving that would
+only add our own errors to theirs.
+
+The composition (``L`` decoder layers; every operator value is already summed over the layers
+by AIConfigurator):
+
+- ``linear(T)`` = the token-major operators at T tokens: embedding, the two RMSNorm + residual
+  adds, the QKV, O, gate/up and down GEMMs at their tensor-parallel shard shapes (MoE layers:
+  router GEMM and fused experts), SiLU-and-multiply, and at ``--tp`` > 1 the two all-reduces per
+  layer of ``T × hidden`` activations (vLLM's custom all-reduce, CUDA-graph lane);
+- ``per_seq(S)`` = the LM head GEMM at ``m = S`` sequences (vLLM computes logits for the last
+  position of every scheduled request, partial prefill chunks included);
+- ``prefill_attn(n, c)`` = AIConfigurator's context attention of one chunk of ``n`` new tokens
+  over ``c`` cached ones (plus the rotary and KV-write memory ops it fuses into it);
+- ``decode_attn(b, c̄)`` = its generation attention of ``b`` sequences each reading ``c̄ + 1`` keys,
+  never below streaming that KV cache from DRAM (:meth:`KernelDb.kv_stream_seconds`: the
+  collector replays each kernel on one warm KV cache, so batches whose KV fits in L2 were
+  measured faster than a served step, where the weights flush L2 between layers, can run);
+- ``decode_attn_mixed(b, c̄)`` (only where the engine's attention kernel is FlashAttention-2, e.g.
+  vLLM on the RTX PRO 6000): decodes beside a prefill chunk lose FA2's GQA packing and cost one
+  64-row query tile per query head (:meth:`KernelDb.decode_attn_mixed_ops`).
+
+AIConfigurator itself prices a mixed step as the shared non-attention work of all tokens plus the
+context attention plus the *pure* generation attention of the decodes (``Engine::mixed_step_breakdown``,
+aic-core engine/runtime.rs; its vLLM backend's ``_mix_step_efficiency`` is 1.0), so it has no
+mixed-step term to take over; the FA2 term above comes from the kernel's source and the
+database's own prefill throughput instead.
+
+What the database does not measure, and how the table models it, is written into
+``metadata.json`` (``provenance.modelled``): attention over prior context (AIConfigurator scales
+the measured full-length prefill by ``(s² − p²) / s²``, operators/attention.rs), the memory-bound
+elementwise operators (its analytic ``bytes / (0.8 × HBM bandwidth) + 3 µs``), the two terms
+above, decode skew (none), and the engine's CPU time per step (not a kernel: ``overhead`` and
+``step_gap`` are 0 in these tables; ``engine_cpu`` is cbsim's default for the engine version).
+
+aiconfigurator is an optional extra (``pip install 'cbsim[gpu-data]'``), imported only when a
+table is composed; the module never imports torch and never reaches the network (the model's
+``config.json`` is handed to AIConfigurator as a local folder).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.errors import CbsimError, nearest
+
+PACKAGE = "aiconfigurator-core"
+PINNED_VERSION = "0.12.0"
+INSTALL_HINT = "pip install 'cbsim[gpu-data]'"
+
+# cbsim GPU id -> AIConfigurator system name (PKG/systems/<system>.yaml). AIConfigurator's own
+# names are accepted too. Systems that ship a yaml but no kernel tables (a100_pcie, h100_pcie,
+# a30, l4) are left out on purpose.
+GPU_SYSTEMS = {
+    "h100-sxm": "h100_sxm",
+    "h200": "h200_sxm",
+    "a100-80gb": "a100_sxm",
+    "l40s": "l40s",
+    "b200": "b200_sxm",
+    "b300": "b300_sxm",
+    "gb200": "gb200",
+    "gb300": "gb300",
+    "rtx-pro-6000": "rtx_pro_6000_server",
+}
+ENGINES = ("vllm", "sglang", "trtllm")
+DTYPES = ("bf16", "fp16", "fp8")
+MS = 1e-3  # AIConfigurator's latencies are in milliseconds
+
+# FlashAttention-2's paged (split-KV) forward kernel, which vLLM's FLASH_ATTN backend runs for every
+# batch (a block table forces it): query tiles of 64 rows for every head dimension
+# (Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h,
+# run_mha_fwd_splitkv_dispatch: ``kBlockM = 64``).
+FA2_SPLITKV_BLOCK_M = 64
+FA2_KERNEL = "vllm_flash_attn_fa2"
+# the causal prefill whose measured time gives the prefill kernel's throughput (long enough to fill
+# every SM many times over; the longest length AIConfigurator measures for every GPU)
+THROUGHPUT_PREFILL_TOKENS = 16384
+
+# Grid points. Dense where a kernel's time bends (small m, where GEMMs are weight-read bound and
+# flat; powers of two and halfway points above), since cbsim interpolates linearly between them.
+TOKEN_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536,
+              2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 16384, 24576, 32768, 65536, 131072, 262144)
+# Static batching and Orca compute steps no token budget bounds (a padded batch of whole prompts: 32
+# prompts padded to 8192 tokens is 262,144 rows through the GEMMs), so the linear grid always reaches
+# that far, whatever the engine limits; GEMM time there is AIConfigurator's own extrapolation.
+LINEAR_TOKENS_FLOOR = 262144
+SEQ_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+CHUNK_GRID = (1, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
+              24576, 32768)
+CONTEXT_GRID = (0, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+                65536, 98304, 131072)
+BATCH_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
+MEAN_CONTEXT_GRID = (1, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+                     49152, 65536, 98304, 131072)
+
+
+def require_aiconfigurator():
+    """The ``aiconfigurator_core`` module, or one clear error saying how to install it."""
+    try:
+        import aiconfigurator_core
+        from aiconfigurator_core.sdk.engine import EngineHandle  # noqa: F401
+    except ImportError:
+        raise CbsimError(f"--from-kernel-db needs NVIDIA AIConfigurator's kernel database ({PACKAGE}=="
+                         f"{PINNED_VERSION}): {INSTALL_HINT}") from None
+    return aiconfigurator_core
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:  # an editable / vendored install
+        return "unknown"
+
+
+def aic_system(gpu: str) -> str:
+    """AIConfigurator's system name for a cbsim GPU id (or its own name)."""
+    key = str(gpu).lower()
+    if key in GPU_SYSTEMS:
+        return GPU_SYSTEMS[key]
+    if key in GPU_SYSTEMS.values():
+        return key
+    choices = list(GPU_SYSTEMS) + sorted(set(GPU_SYSTEMS.values()) - set(GPU_SYSTEMS))
+    raise CbsimError(f"--gpu {gpu!r} has no kernel measurements in {PACKAGE}{nearest(key, choices)}; GPUs it "
+                     f"covers: {', '.join(GPU_SYSTEMS)} (or AIConfigurator's names: "
+                     f"{', '.join(sorted(set(GPU_SYSTEMS.values())))})")
+
+
+# ------------------------------------------------------------------------------------------------
+# the model: a cbsim ModelSpec for the table, a local config.json folder for AIConfigurator
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class ModelSource:
+    spec: Any  # sim.hardware.models.ModelSpec
+    config: dict  # the HF config.json handed to AIConfigurator
+    origin: str  # where the config came from, in words
+
+
+def resolve_model(model: str) -> ModelSource:
+    """MODEL as a cbsim model id, ``ORG/NAME`` or the path of a config.json (or its folder)."""
+    from sim.hardware.models import get_model
+
+    path = Path(model)
+    if model.endswith(".json") or path.is_dir():
+        cfg_path = path / "config.json" if path.is_dir() else path
+        if not cfg_path.is_file():
+            raise CbsimError(f"--model {model!r}: no such config.json; give a cbsim model id, ORG/NAME or the path "
+                             f"of a Hugging Face config.json")
+        try:
+            config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CbsimError(f"--model {model!r}: not a JSON config.json ({exc})") from None
+        spec = get_model({"hf_config": str(cfg_path)})
+        return ModelSource(spec, config, f"config.json at {cfg_path}")
+    spec = get_model(model)
+    if "/" in model:  # ORG/NAME: the same local config.json cbsim's spec was read from
+        from sim.hardware.model_sources import find_config
+
+        found = find_config(model)
+        return ModelSource(spec, json.loads(found.path.read_text(encoding="utf-8")), f"{found.origin}: {found.path}")
+    return ModelSource(spec, synthesize_config(spec), f"config.json written from cbsim's model spec {spec.name!r}")
+
+
+def synthesize_config(spec) -> dict:
+    """A Hugging Face config.json for a cbsim ModelSpec: Llama (dense) or Mixtral (MoE) layout,
+    which is all AIConfigurator reads of it (shapes and dtype)."""
+    experts = getattr(spec, "num_experts", 0) or 0
+    cfg = {
+        "architectures": ["MixtralForCausalLM" if experts else "LlamaForCausalLM"],
+        "model_type": "mixtral" if experts else "llama",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": (getattr(spec, "moe_intermediate_size", 0) or spec.intermediate_size) if experts
+        else spec.intermediate_size,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "num_hidden_layers": spec.num_layers,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": bool(spec.tied_embeddings),
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    }
+    if experts:
+        cfg["num_local_experts"] = experts
+        cfg["num_experts_per_tok"] = spec.num_experts_per_tok
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# the database, through AIConfigurator's compiled engine
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Op:
+    seconds: float
+    source: str  # AIConfigurator's label: silicon (measured rows), empirical (its formula), mixed
+
+
+class KernelDb:
+    """One model on one GPU at one TP degree in one engine version: per-operator times."""
+
+    def __init__(self, model: ModelSource, gpu: str, tp: int = 1, dtype: str = "bf16", engine: str = "vllm",
+                 engine_version: str | None = None) -> None:
+        require_aiconfigurator()
+        import logging
+
+        from aiconfigurator_core.sdk.engine import EngineHandle
+        from aiconfigurator_core.sdk.perf_database import resolve_query_version
+        from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
+
+        if engine not in ENGINES:
+            raise CbsimError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}{nearest(engine, ENGINES)}")
+        if dtype not in DTYPES:
+            raise CbsimError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}{nearest(dtype, DTYPES)}")
+        model.spec.check_tp(tp)
+        self.model, self.tp, self.dtype, self.engine = model, tp, dtype, engine
+        self.spec = priced_spec(model.spec, dtype)
+        self.system = aic_system(gpu)
+        try:
+            self.engine_version = resolve_query_version(self.system, engine, engine_version or "current")
+        except ValueError as exc:
+            raise CbsimError(f"--engine-version: {exc}") from None
+        self._dir = tempfile.TemporaryDirectory(prefix="cbsim-kernel-db-")
+        (Path(self._dir.name) / "config.json").write_text(json.dumps(model.config), encoding="utf-8")
+        self.parsed = get_model_config_from_model_path(self._dir.name)
+        self._check_shape()
+        # AIConfigurator logs a warning per low-fidelity fallback table it *could* use (MLA, DSA)
+        # even for models that never touch them; keep the console to our own lines.
+        logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+        kwargs = {"gemm_quant_mode": "fp8" if dtype == "fp8" else "bfloat16",
+                  "kvcache_quant_mode": "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"}
+        if getattr(model.spec, "num_experts", 0):
+            # vLLM without expert parallelism shards every expert over the TP ranks
+            kwargs.update(moe_quant_mode="fp8" if dtype == "fp8" else "bfloat16", moe_tp_size=tp, moe_ep_size=1)
+        try:
+            self.handle = EngineHandle.compile(self._dir.name, self.system, engine,
+                                               backend_version=self.engine_version, tp_size=tp, **kwargs)
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise CbsimError(f"{PACKAGE} cannot model {model.spec.name!r} on {self.system} in {engine} "
+                             f"{self.engine_version} at tp {tp}: {exc}") from None
+        ctx_ops, _ = self.handle.run_static_per_op(batch_size=1, isl=16, osl=2)
+        self.context_ops = [name for name, *_ in ctx_ops]
+        idx = {name: i for i, name in enumerate(self.context_ops)}
+        self._attn = [i for n, i in idx.items() if _is_attention(n)]
+        self._linear = [i for n, i in idx.items() if i not in self._attn and "logits" not in n]
+        # the LM head from the generation list: AIConfigurator's MoE models leave it out of their
+        # context list (a per-sequence GEMM, the same kernel either way)
+        gen_ops = [name for name, *_ in self.handle.decode_step_per_op(gen_tokens=1, isl=16, osl=2)]
+        self._gen_attn = [i for i, n in enumerate(gen_ops) if _is_attention(n)]
+        self._per_seq = [i for i, n in enumerate(gen_ops) if "logits" in n]
+        if not self._attn or not self._per_seq or not self._gen_attn:
+            raise CbsimError(f"{PACKAGE}'s operator list for {model.spec.name!r} has no attention or LM head "
+                             f"({', '.join(self.context_ops)}); this architecture is not a decoder cbsim can price")
+        self.gpu_spec = self._system_yaml()["gpu"]
+        self.attention_kernel = self._generation_kernel()
+        self._prefill_ref_s: float | None = None
+
+    def _check_shape(self) -> None:
+        """The config AIConfigurator parsed must be the model cbsim prices (same shapes)."""
+        s, p = self.model.spec, self.parsed
+        pairs = {"num_layers": (s.num_layers, p["layers"]), "hidden_size": (s.hidden_size, p["hidden_size"]),
+                 "num_heads": (s.num_heads, p["n"]), "num_kv_heads": (s.num_kv_heads, p["n_kv"]),
+                 "head_dim": (s.head_dim, p["d"]), "vocab_size": (s.vocab_size, p["vocab"])}
+        for key, (mine, theirs) in pairs.items():
+            if mine != theirs:
+                raise CbsimError(f"model {s.name!r}: {key} is {mine} in cbsim's spec but {theirs} in the config.json "
+                                 f"given to {PACKAGE} ({self.model.origin}); they must describe the same model")
+
+    # --- per-operator times (seconds), summed over the layers -------------------------------------
+    def linear_ops(self, tokens: int) -> dict[str, Op]:
+        return self._ops(self.handle.evaluate_context_ops(self._linear, batch_size=1, s=int(tokens)))
+
+    def per_seq_ops(self, sequences: int) -> dict[str, Op]:
+        return self._ops(self.handle.evaluate_generation_ops(self._per_seq, batch_size=int(sequences), s=1))
+
+    def prefill_attn_ops(self, chunk_tokens: int, context: int) -> dict[str, Op]:
+        return self._ops(self.handle.evaluate_context_ops(self._attn, batch_size=1, s=int(chunk_tokens),
+                                                          prefix=int(context)))
+
+    def decode_attn_ops(self, batch: int, mean_context: float, *, floor: bool = True) -> dict[str, Op]:
+        """The generation attention of ``batch`` sequences at ``mean_context``, raised to the time of
+        streaming their KV cache from DRAM when the measurement is faster (``floor``; see
+        :meth:`kv_stream_seconds`)."""
+        keys = max(1, int(round(mean_context)) + 1)  # each decode reads its context plus its own token
+        ops = self._ops(self.handle.evaluate_generation_ops(self._gen_attn, batch_size=int(batch), s=keys))
+        if floor:
+            dram = self.kv_stream_seconds(batch, keys)
+            measured = sum(op.seconds for op in ops.values())
+            if dram > measured:
+                ops["kv_dram_floor"] = Op(dram - measured, "modelled")
+        return ops
+
+    def kv_stream_seconds(self, batch: int, keys: int) -> float:
+        """Every layer's decode attention reads the batch's whole KV cache from DRAM.
+
+        Why a floor: AIConfigurator times each kernel by replaying it in a CUDA graph on the same
+        KV cache (collector/helper.py ``benchmark_with_power``), so a batch whose KV fits in the
+        L2 cache (128 MB on the RTX PRO 6000: 32 decodes at 1k context of Llama-3-8B are 134 MB a
+        layer) is read from L2 at more than the DRAM bandwidth. In a served step the 16 GB of
+        weights pass through L2 between two uses of a layer's KV, which is therefore cold. The
+        floor is AIConfigurator's own memory-op formula (bytes / (mem_bw x
+        mem_bw_empirical_scaling_factor) + mem_empirical_constant_latency, from the system yaml)
+        applied to those bytes, once per layer."""
+        g = self.gpu_spec
+        per_layer = batch * keys * self.spec.kv_layer_bytes_per_token(self.tp)
+        bw = float(g["mem_bw"]) * float(g.get("mem_bw_empirical_scaling_factor", 1.0))
+        return self.spec.num_layers * (per_layer / bw + float(g.get("mem_empirical_constant_latency", 0.0)))
+
+    @property
+    def prices_mixed_decodes(self) -> bool:
+        """Whether decodes beside a prefill chunk cost more than alone in this engine's kernel: in
+        FlashAttention-2's varlen API (vLLM's FLASH_ATTN backend on GPUs without FA3) the GQA
+        packing that makes a pure decode batch cheap (``seqlenq_ngroups_swapped``, taken only when
+        ``max_seqlen_q == 1``; csrc/flash_attn/flash_api.cpp, mha_varlen_fwd) is off as soon as one
+        sequence in the launch has more than one query token."""
+        return self.engine == "vllm" and self.attention_kernel == FA2_KERNEL and self.spec.num_heads > \
+            self.spec.num_kv_heads
+
+    def decode_attn_mixed_ops(self, batch: int, mean_context: float) -> dict[str, Op]:
+        """The decodes of a step that also holds a prefill chunk, in FlashAttention-2's varlen
+        kernel (:attr:`prices_mixed_decodes`): without GQA packing each decode runs, for every query
+        head, one 64-row query tile (one valid row) over its ``c + 1`` keys: ``64 (c + 1)`` query-key
+        pairs of tile work per head, where a causal prefill of ``s`` tokens does ``s² / 2``. Priced
+        at the prefill kernel's own measured throughput (the database's causal prefill of
+        :data:`THROUGHPUT_PREFILL_TOKENS` tokens; heads and head size cancel) and never below the
+        same decodes alone (:meth:`decode_attn_ops`, with its DRAM floor)."""
+        alone = self.decode_attn_ops(batch, mean_context)
+        keys = max(1, int(round(mean_context)) + 1)
+        s = THROUGHPUT_PREFILL_TOKENS
+        if self._prefill_ref_s is None:
+            self._prefill_ref_s = sum(op.seconds for op in self.prefill_attn_ops(s, 0).values())
+        tiles = self._prefill_ref_s * batch * FA2_SPLITKV_BLOCK_M * keys / (s * s / 2)
+        total = sum(op.seconds for op in alone.values())
+        if tiles > total:
+            alone["unpacked_gqa_tiles"] = Op(tiles - total, "modelled")
+        return alone
+
+    @staticmethod
+    def _ops(rows) -> dict[str, Op]:
+        out: dict[str, Op] = {}
+        for name, ms, _energy, source in rows:
+            short = name.split("_", 1)[1] if name.startswith(("context_", "generation_")) else name
+            out[short] = Op(float(ms) * MS, str(source))
+        return out
+
+    # --- AIConfigurator's own whole-step predictions (seconds), to check the composition -----------
+    def predict_prefill(self, batch: int, isl: int, prefix: int = 0) -> float:
+        return self.handle.predict_prefill_latency(batch, isl, prefix) * MS
+
+    def predict_decode(self, batch: int, isl: int) -> float:
+        return self.handle.predict_decode_latency(batch, isl, 2) * MS
+
+    def _system_yaml(self) -> dict[str, Any]:
+        import importlib.resources as res
+
+        import yaml
+
+        root = Path(str(res.files("aiconfigurator_core") / "systems"))
+        return yaml.safe_load((root / f"{self.system}.yaml").read_text())
+
+    def _generation_kernel(self) -> str | None:
+        """The kernel the engine's default attention backend ran for this model's heads in the
+        generation-attention rows (the label AIConfigurator's collector records as ``kernel_source``;
+        rows collected under an explicit backend override, e.g. FlashInfer or Triton, are not the
+        default), or None when the rows say nothing."""
+        import importlib.resources as res
+
+        import pyarrow.parquet as pq
+
+        root = Path(str(res.files("aiconfigurator_core") / "systems"))
+        data = root / self._system_yaml().get("data_dir", f"data/{self.system}")
+        path = data / "attention" / self.engine / self.engine_version / "generation_attention_perf.parquet"
+        if not path.is_file():
+            return None
+        rows = pq.read_table(path, columns=["kernel_source", "num_heads", "num_key_value_heads"]).to_pylist()
+        heads = self.spec.heads_per_rank(self.tp)
+        kv_heads = self.spec.kv_heads_per_rank(self.tp)
+        labels = sorted({r["kernel_source"] for r in rows if r["num_heads"] == heads
+                         and r["num_key_value_heads"] == kv_heads})
+        default = [k for k in labels if not any(t in k for t in ("flashinfer", "triton", "trtllm"))]
+        return default[0] if len(default) == 1 else None
+
+    # --- provenance ----------------------------------------------------------------------------
+    def data_files(self) -> dict[str, Any]:
+        """The parquet files the engine version reads, with the device column and collection notes."""
+        import importlib.resources as res
+
+        import pyarrow.parquet as pq
+        import yaml
+
+        root = Path(str(res.files("aiconfigurator_core") / "systems"))
+        spec = yaml.safe_load((root / f"{self.system}.yaml").read_text())
+        data = root / spec.get("data_dir", f"data/{self.system}")
+        out: dict[str, Any] = {}
+        for family in ("gemm", "attention", "comm", "moe"):
+            folder = data / family / self.engine / self.engine_version
+            if not folder.is_dir():
+                continue
+            files = sorted(p.name for p in folder.glob("*.parquet"))
+            entry: dict[str, Any] = {"folder": str(folder.relative_to(root.parent)), "files": files}
+            if files:
+                entry["device"] = str(pq.read_table(folder / files[0], columns=["device"]).column(0)[0])
+            meta = folder / "collection_meta.yaml"
+            if meta.is_file():
+                runtime = (yaml.safe_load(meta.read_text()) or {}).get("runtime") or {}
+                entry["runtime"] = {k: v for k, v in runtime.items() if k in ("framework", "version", "image")}
+            out[family] = entry
+        return {"system": self.system, "system_yaml": f"systems/{self.system}.yaml",
+                "hbm_bandwidth": spec["gpu"]["mem_bw"], "bf16_tc_flops": spec["gpu"].get("bfloat16_tc_flops"),
+                "tables": out}
+
+
+def priced_spec(spec, dtype: str):
+    """The model spec the table is for: activations in bf16 (fp16 for --dtype fp16), and for
+    --dtype fp8 w8a8 FP8 linear layers (``quantization: fp8``), so that cbsim's weight bytes and
+    KV capacity match the kernels priced."""
+    from dataclasses import fields, replace
+
+    names = {f.name for f in fields(spec)}
+    if dtype == "fp8":
+        if "quantization" not in names:
+            raise CbsimError("--dtype fp8 needs a cbsim whose model specs know `quantization` (sim.hardware.models)")
+        return replace(spec, dtype="bf16", quantization="fp8")
+    changes = {"dtype": dtype}
+    if "quantization" in names:
+        changes["quantization"] = None
+    return replace(spec, **changes)
+
+
+def _is_attention(name: str) -> bool:
+    short = name.split("_", 1)[1] if "_" in name else name
+    return short == "attention" or (short.endswith("attention") and "_ar" not in short)
+
+
+# ------------------------------------------------------------------------------------------------
+# the table
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Grids:
+    tokens: tuple[int, ...]
+    sequences: tuple[int, ...]
+    chunk_tokens: tuple[int, ...]
+    context: tuple[int, ...]
+    batch: tuple[int, ...]
+    mean_context: tuple[int, ...]
+
+    @classmethod
+    def covering(cls, max_num_batched_tokens: int = 16384, max_model_len: int = 32768,
+                 max_num_seqs: int = 1024) -> Grids:
+        """The default grids cut to what a server with these limits can schedule (plus the next point,
+        so the last cell interpolates rather than extrapolates)."""
+        def upto(grid, limit):
+            keep = [v for v in grid if v < limit]
+            nxt = [v for v in grid if v >= limit]
+            return tuple(keep + nxt[:1]) if nxt else tuple(keep)
+
+        return cls(tokens=upto(TOKEN_GRID, max(max_num_batched_tokens, LINEAR_TOKENS_FLOOR)), sequences=upto(SEQ_GRID, max_num_seqs),
+                   chunk_tokens=upto(CHUNK_GRID, min(max_num_batched_tokens, max_model_len)),
+                   context=upto(CONTEXT_GRID, max_model_len), batch=upto(BATCH_GRID, max_num_seqs),
+                   mean_context=upto(MEAN_CONTEXT_GRID, max_model_len))
+
+
+@dataclass
+class Composition:
+    """The composed table plus the per-operator values behind every grid point (for tests and
+    reports; the table folder keeps only the sums and a breakdown at reference points)."""
+
+    table: Any  # sim.latency.table_format.LatencyTable
+    db: KernelDb
+    ops: dict[str, dict[tuple, dict[str, Op]]] = field(default_factory=dict)
+    # decode_attn as the database measured it (no DRAM floor), on the table's grid: what
+    # agreement() compares with AIConfigurator's own step predictions
+    measured_decode: Any = None
+
+
+def compose(db: KernelDb, grids: Grids | None = None, *, block_size: int = 16) -> Composition:
+    """The latency table of ``db``'s model, GPU, TP degree and engine (see the module docstring)."""
+    from sim.latency.table_format import FORMAT_VERSION, LatencyTable, make_component
+
+    g = grids or Grids.covering()
+    ops: dict[str, dict[tuple, dict[str, Op]]] = {"linear": {}, "per_seq": {}, "prefill_attn": {},
+                                                 "decode_attn": {}, "decode_attn_mixed": {}}
+
+    def total(component: str, key: tuple, found: dict[str, Op]) -> float:
+        ops[component][key] = found
+        return sum(op.seconds for op in found.values())
+
+    linear = [total("linear", (t,), db.linear_ops(t)) for t in g.tokens]
+    per_seq = [total("per_seq", (s,), db.per_seq_ops(s)) for s in g.sequences]
+    prefill = [[total("prefill_attn", (n, c), db.prefill_attn_ops(n, c)) for c in g.context] for n in g.chunk_tokens]
+    decode = [[total("decode_attn", (b, c), db.decode_attn_ops(b, c)) for c in g.mean_context] for b in g.batch]
+    measured = [[sum(op.seconds for n, op in ops["decode_attn"][(b, c)].items() if op.source != "modelled")
+                 for c in g.mean_context] for b in g.batch]
+    mixed = ([[total("decode_attn_mixed", (b, c), db.decode_attn_mixed_ops(b, c)) for c in g.mean_context]
+              for b in g.batch] if db.prices_mixed_decodes else None)
+    if mixed is None:
+        del ops["decode_attn_mixed"]
+    cpu = _engine_cpu(db)
+    components = {
+        "overhead": make_component("overhead", (), 0.0),
+        "step_gap": make_component("step_gap", (), 0.0),
+        "linear": make_component("linear", ((0,) + g.tokens,), [0.0] + linear),
+        "per_seq": make_component("per_seq", (g.sequences,), per_seq),
+        "prefill_attn": make_component("prefill_attn", (g.chunk_tokens, g.context), prefill),
+        "decode_attn": make_component("decode_attn", (g.batch, g.mean_context), decode),
+    }
+    if mixed is not None:
+        components["decode_attn_mixed"] = make_component("decode_attn_mixed", (g.batch, g.mean_context), mixed)
+    if cpu is not None:
+        components["engine_cpu"] = make_component("engine_cpu", (g.sequences,), [cpu.seconds(s) for s in g.sequences])
+    table = LatencyTable(components, {})
+    comp = Composition(table, db, ops, make_component("decode_attn", (g.batch, g.mean_context), measured))
+    table.metadata = metadata(comp, g, block_size=block_size, format_version=FORMAT_VERSION)
+    return comp
+
+
+def _engine_cpu(db: KernelDb):
+    """cbsim's default engine CPU time for the engine version (sim.latency.engine_cpu), or None
+    where it has none (then the table carries no engine_cpu component and metadata says so)."""
+    from sim.latency.engine_cpu import engine_cpu_default
+
+    try:
+        return engine_cpu_default(db.engine, db.engine_version)
+    except CbsimError:
+        return None
+
+
+def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: int) -> dict[str, Any]:
+    db = comp.db
+    files = db.data_files()
+    device = (files["tables"].get("gemm") or {}).get("device") or db.system
+    model = db.spec.to_dict()
+    sources = {name: sorted({op.source for pts in comp.ops.values() for found in pts.values()
+                             for n, op in found.items() if n == name}) for name in _op_names(comp)}
+    ref_t = 1024 if 1024 in g.tokens else g.tokens[len(g.tokens) // 2]
+    cpu = _engine_cpu(db)
+    breakdown = {
+        f"linear({ref_t})": _ms(comp.ops["linear"][(ref_t,)]),
+        "per_seq(1)": _ms(comp.ops["per_seq"][(g.sequences[0],)]),
+        f"decode_attn(1, {g.mean_context[min(5, len(g.mean_context) - 1)]})":
+            _ms(comp.ops["decode_attn"][(g.batch[0], g.mean_context[min(5, len(g.mean_context) - 1)])]),
+    }
+    meta: dict[str, Any] = {
+        "format_version": format_version,
+        "source": "kernel_db",
+        "device": device,
+        "model": model,
+        "dtype": db.dtype,  # of the kernels priced (fp8: w8a8 linear layers, bf16 activations)
+        "block_size": block_size,
+        "tensor_parallel": db.tp,
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "grid": comp.table.grid(),
+        "heldout_error": agreement(comp),
+        "provenance": {
+            "package": PACKAGE,
+            "package_version": package_version(),
+            "engine": db.engine,
+            "engine_version": db.engine_version,
+            "gpu": db.system,
+            "device": device,
+            "dtype": db.dtype,
+            "model_config": db.model.origin,
+            "data": files,
+            "measured": "GEMMs (qkv, o, gate_up, down, LM head; MoE experts where the model has them), flash "
+                        "attention (context, without prior context; generation), all-reduce: interpolated from "
+                        f"the rows measured in {db.engine} {db.engine_version} on {device} by {PACKAGE}'s "
+                        "compiled engine (source 'silicon')",
+            "modelled": {
+                "prefill_attn over prior context": "no row measures a chunk over cached tokens: AIConfigurator "
+                    "prices the measured causal prefill of the full length s = n + c and scales it by "
+                    "(s^2 - c^2) / s^2 (aic-core operators/attention.rs prefix_correction); rotary embedding and "
+                    "KV-cache write are added as memory ops x 1.1",
+                "elementwise": "RMSNorm + residual, SiLU-and-multiply, embedding, rotary, KV write: "
+                    "AIConfigurator's analytic memory-op formula bytes / (mem_bw x 0.8) + 3 us (source "
+                    "'empirical')",
+                "decode_attn": "b sequences at the same context c (the batch's mean); each reads c + 1 keys; "
+                    "never below streaming their KV cache from DRAM once per layer, bytes / (mem_bw x "
+                    f"{db.gpu_spec.get('mem_bw_empirical_scaling_factor', 1.0)}) + "
+                    f"{db.gpu_spec.get('mem_empirical_constant_latency', 0.0)} s (AIConfigurator's memory-op "
+                    "formula and factors from its system yaml): its collector replays each kernel on one KV "
+                    "cache in a CUDA graph, so batches whose KV fits in L2 were measured faster than a served "
+                    "step, whose KV is cold, can run (operator 'kv_dram_floor', source 'modelled')",
+                "decode_attn_mixed": ("decodes beside a prefill chunk in FlashAttention-2's varlen kernel "
+                    f"({db.attention_kernel}): no GQA packing (flash_api.cpp seqlenq_ngroups_swapped needs "
+                    f"max_seqlen_q == 1), so each decode runs one {FA2_SPLITKV_BLOCK_M}-row query tile per "
+                    "query head over c + 1 keys; priced at the throughput of the measured causal prefill of "
+                    f"{THROUGHPUT_PREFILL_TOKENS} tokens, x {FA2_SPLITKV_BLOCK_M} (c + 1) b / (s^2 / 2), never "
+                    "below decode_attn (operator 'unpacked_gqa_tiles', source 'modelled')")
+                    if db.prices_mixed_decodes else None,
+                "decode skew": "none: the database measures batches at one context; decode_attn is priced at "
+                    "the batch's mean context (decode_skew_alpha 0)",
+                "all-reduce": "two per layer of T x hidden bf16 elements (after attention, after the MLP), "
+                    "vLLM custom all-reduce, CUDA-graph lane, as AIConfigurator prices it; 0 at tensor_parallel 1",
+                "per_seq": "the LM head GEMM at m = sequences in the step (vLLM computes logits for every "
+                    "scheduled request's last position); sampling is CPU/engine time, not included",
+                "overhead, step_gap": "0: the engine's CPU time per step (scheduling, input preparation, "
+                    "sampling, output processing) is not a kernel and is not in the database",
+                "engine_cpu": ("not in the database: cbsim's default for this engine version "
+                               "(sim.latency.engine_cpu), " + json.dumps(cpu.describe())) if cpu is not None
+                    else f"no cbsim default for {db.engine} {db.engine_version}: the table has no engine_cpu "
+                         "component (0)",
+                "fp16": "priced with the bf16 kernels (the database has no fp16 GEMMs; same tensor-core rate)"
+                    if db.dtype == "fp16" else None,
+                "fp8": "w8a8 FP8 GEMMs (per-tensor scales) and MoE; attention and KV cache in bf16"
+                    if db.dtype == "fp8" else None,
+            },
+            "operator_sources": sources,
+            "grids": {"linear.tokens": list(g.tokens), "per_seq.sequences": list(g.sequences),
+                      "prefill_attn.chunk_tokens": list(g.chunk_tokens), "prefill_attn.context": list(g.context),
+                      "decode_attn.batch": list(g.batch), "decode_attn.mean_context": list(g.mean_context)},
+            "breakdown_ms": breakdown,
+        },
+    }
+    meta["provenance"]["modelled"] = {k: v for k, v in meta["provenance"]["modelled"].items() if v is not None}
+    return meta
+
+
+def _op_names(comp: Composition) -> list[str]:
+    names: list[str] = []
+    for pts in comp.ops.values():
+        for found in pts.values():
+            for n in found:
+                if n not in names:
+                    names.append(n)
+    return names
+
+
+def _ms(found: dict[str, Op]) -> dict[str, float]:
+    return {n: round(op.seconds / MS, 6) for n, op in found.items()}
+
+
+def agreement(comp: Composition, n: int = 24, seed: int = 0) -> dict[str, Any]:
+    """How the composed table prices whole steps against AIConfigurator's own step predictions
+    (``predict_prefill_latency`` / ``predict_decode_latency``) at random shapes inside the grids:
+    the composition's own error (interpolation, the split into components), not the database's."""
+    import random
+
+    db, t = comp.db, comp.table
+    rng = random.Random(seed)
+    g = t.grid()
+    max_tokens = g["linear"]["tokens"][-1]
+    max_ctx = min(g["prefill_attn"]["context"][-1], g["decode_attn"]["mean_context"][-1])
+    errs = []
+    for i in range(n):
+        if i % 2 == 0:  # a prefill step of `bs` prompts of `isl` tokens, `prefix` of them cached
+            bs = rng.choice((1, 1, 2, 4))
+            isl = rng.randint(16, max(16, min(max_tokens // bs, max_ctx)))
+            prefix = rng.choice((0, 0, rng.randint(0, isl // 2)))
+            new = isl - prefix
+            truth = db.predict_prefill(bs, isl, prefix)
+            guess = (interp(t, "linear", bs * new) + interp(t, "per_seq", bs)
+                     + bs * interp(t, "prefill_attn", new, prefix))
+        else:  # a decode step of `bs` sequences at `isl` context
+            bs = rng.choice((1, 2, 8, 32, 64, 128, 256))
+            isl = rng.randint(16, max(16, max_ctx // 2))
+            truth = db.predict_decode(bs, isl)
+            dec = comp.measured_decode
+            guess = (interp(t, "linear", bs) + interp(t, "per_seq", bs)
+                     + (_interp_axes(dec.axes, dec.values, (bs, isl)) if dec is not None
+                        else interp(t, "decode_attn", bs, isl)))
+        errs.append(abs(guess - truth) / truth)
+    errs.sort()
+    return {"mean_abs_rel": round(sum(errs) / len(errs), 4), "p90_abs_rel": round(errs[int(0.9 * (len(errs) - 1))], 4),
+            "n": len(errs), "measured_on": f"{PACKAGE}'s own whole-step predictions (predict_prefill_latency, "
+            f"predict_decode_latency) at {n} random prefill and decode shapes, seed {seed}: the composition's error, "
+            "not the database's"}
+
+
+def interp(table, component: str, *point: float) -> float:
+    """A component's value at a point, linear (bilinear) between grid points like the simulator's
+    table backend, clamped to the outermost cells."""
+    comp = table.components[component]
+    return _interp_axes(comp.axes, comp.values, point)
+
+
+def _interp_axes(axes, values, point) -> float:
+    if not axes:
+        return float(values)
+    axis, x = axes[0], point[0]
+    if len(axis) == 1:
+        return _interp_axes(axes[1:], values[0], point[1:])
+    i = max(0, min(len(axis) - 2, _bisect(axis, x)))
+    t = (x - axis[i]) / (axis[i + 1] - axis[i])
+    lo = _interp_axes(axes[1:], values[i], point[1:])
+    hi = _interp_axes(axes[1:], values[i + 1], point[1:])
+    return max(lo + t * (hi - lo), 0.0)
+
+
+def _bisect(axis, x) -> int:
+    from bisect import bisect_right
+
+    return bisect_right(axis, x) - 1
+
+
+def build_table(model: str, gpu: str, *, tp: int = 1, dtype: str | None = None, engine: str = "vllm",
+                engine_version: str | None = None, block_size: int = 16, max_num_batched_tokens: int = 16384,
+                max_model_len: int = 32768, max_num_seqs: int = 1024) -> Composition:
+    """The whole path of ``cbsim calibrate --from-kernel-db``: resolve, compose, check."""
+    for name, value in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-model-len", max_model_len),
+                        ("--max-num-seqs", max_num_seqs), ("--block-size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CbsimError(f"{name} must be a positive integer, got {value!r}")
+    require_aiconfigurator()
+    source = resolve_model(model)
+    if dtype is None:  # the checkpoint's own: FP8 for an fp8-quantized config, else bf16
+        dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
+    db = KernelDb(source, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version)
+    grids = Grids.covering(max_num_batched_tokens, max_model_len, max_num_seqs)
+    return compose(db, grids, block_size=block_size)

@@ -1,0 +1,98 @@
+"""The engine's own CPU time per step, and how asynchronous scheduling adds it to the GPU's.
+
+Kernel measurements (a profile bundle, a kernel database, calib's forward passes) see only the
+GPU. A serving engine also spends CPU time on every step that no kernel shows: the scheduler
+(which requests run, KV blocks), input preparation (block tables, slot mapping, positions, the
+host-to-device copy), launching the step, and output processing (appending sampled tokens,
+stop checks, handing outputs to the frontend). A table carries this as the ``engine_cpu``
+component, by the number of sequences the step schedules (the work is per request).
+
+How it adds up depends on the engine (``engine.async_scheduling``):
+
+- **synchronous** (vLLM before async scheduling, ``--no-async-scheduling``): the CPU work and the
+  GPU work of a step run one after the other: ``step = gpu + engine_cpu``.
+- **asynchronous** (vLLM's ``--async-scheduling``, on by default in current vLLM V1): the engine
+  schedules and prepares step n+1 while the GPU runs step n and processes step n's outputs while
+  the GPU runs step n+1, so a step takes as long as the slower of the two:
+  ``step = max(gpu, engine_cpu)``. The GPU idles only when the CPU cannot keep up (small models,
+  large batches).
+
+Defaults per engine version (:data:`DEFAULTS`) are figures we hold fixed for every run, never
+fitted to a run being predicted. They are engineering estimates bracketed by published
+measurements (cited per entry); with asynchronous scheduling and steps of tens of milliseconds
+they are hidden entirely, so predictions of such runs do not depend on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import CbsimError
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCpu:
+    """``fixed_s + per_seq_s × sequences`` of CPU time per step."""
+
+    engine: str
+    versions: str  # the engine versions this entry is for, in words
+    fixed_s: float
+    per_seq_s: float
+    source: str
+
+    def seconds(self, num_seqs: int) -> float:
+        return self.fixed_s + self.per_seq_s * max(int(num_seqs), 0)
+
+    def describe(self) -> dict:
+        return {"engine": self.engine, "versions": self.versions, "fixed_s": self.fixed_s,
+                "per_seq_s": self.per_seq_s, "source": self.source}
+
+
+# (engine, first version) -> default; an engine version takes the entry of the newest first
+# version at or below it
+DEFAULTS: dict[tuple[str, tuple[int, ...]], EngineCpu] = {
+    ("vllm", (0, 6)): EngineCpu(
+        "vllm", "0.6 to 0.7 (V0 engine)", 4e-3, 20e-6,
+        "vLLM RFC #6854 (V0, multi-step scheduling): 5-13 ms of GPU bubble per decode step from input and "
+        "output processing and the scheduler; RFC #6913: output processing alone 3.4 ms at batch 32 "
+        "(Llama-3-70B, 4xH100). 4 ms + 20 us per sequence: 4.6 ms at 32, 9 ms at 256."),
+    ("vllm", (0, 8)): EngineCpu(
+        "vllm", "0.8 and later (V1 engine)", 1.5e-3, 10e-6,
+        "vLLM issue #10634 (early V1, Llama-2-7B, batch 256, ShareGPT): 5-6 ms between two decode steps "
+        "(the scheduler contending for the GIL with the frontend's IPC); later V1 releases run the "
+        "engine core in its own process with a persistent input batch. "
+        "1.5 ms + 10 us per sequence: 4.1 ms at 256 sequences, below that early-V1 gap."),
+}
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in str(version).lstrip("v").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts)
+
+
+def engine_cpu_default(engine: str, version: str) -> EngineCpu:
+    """The default engine CPU time of an engine version (see :data:`DEFAULTS`)."""
+    v = parse_version(version)
+    entries = sorted((first, e) for (name, first), e in DEFAULTS.items() if name == engine)
+    if not entries:
+        known = sorted({name for name, _ in DEFAULTS})
+        raise CbsimError(f"no engine CPU default for engine {engine!r}; known engines: {', '.join(known)}")
+    if not v:
+        raise CbsimError(f"engine version {version!r} of {engine} is not a version number (e.g. 0.19.0)")
+    chosen = [e for first, e in entries if first <= v]
+    if not chosen:
+        raise CbsimError(f"no engine CPU default for {engine} {version}: the oldest covered is "
+                         f"{'.'.join(map(str, entries[0][0]))}")
+    return chosen[-1]
+
+
+def combine(gpu_s: float, cpu_s: float, async_scheduling: bool) -> float:
+    """A step's wall time from its GPU time and the engine's CPU time (module docstring)."""
+    return (gpu_s if gpu_s > cpu_s else cpu_s) if async_scheduling else gpu_s + cpu_s

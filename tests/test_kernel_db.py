@@ -1,0 +1,316 @@
+"""The kernel-database composer (calib/sources/kernel_db.py) against the database's own rows.
+
+Each check reads AIConfigurator's measured parquet rows directly (pandas) and compares them with
+what the composed cbsim table prices: a measured GEMM point reproduced exactly, interpolation
+between two measured points, tensor parallelism halving the GEMM work and adding the measured
+all-reduce, and a decode of one sequence landing just above the weight-read bound.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sim.errors import CbsimError
+
+ENGINE_VERSION = "0.24.0"  # vLLM version of the h100_sxm kernel measurements in aiconfigurator-core 0.12.0
+LAYERS = 32  # Llama-3-8B
+
+
+def _require_aic():
+    try:
+        import aiconfigurator_core  # noqa: F401
+    except ImportError:
+        msg = "aiconfigurator-core is not installed: pip install -e '.[gpu-data]'"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def kdb():
+    _require_aic()
+    from calib.sources import kernel_db
+
+    return kernel_db
+
+
+def _grids(kernel_db):
+    return kernel_db.Grids(tokens=(1, 16, 256, 1024, 1280, 4096), sequences=(1, 8, 64),
+                           chunk_tokens=(16, 512, 1024, 4096), context=(0, 1024, 3584),
+                           batch=(1, 8, 64), mean_context=(1, 128, 1024, 4096))
+
+
+@pytest.fixture(scope="module")
+def tp1(kdb):
+    db = kdb.KernelDb(kdb.resolve_model("llama-3-8b"), "h100-sxm", tp=1, engine_version=ENGINE_VERSION)
+    return kdb.compose(db, kdb.Grids.covering())  # the default grids, as `cbsim calibrate` writes them
+
+
+@pytest.fixture(scope="module")
+def tp2(kdb):
+    db = kdb.KernelDb(kdb.resolve_model("llama-3-8b"), "h100-sxm", tp=2, engine_version=ENGINE_VERSION)
+    return kdb.compose(db, _grids(kdb))
+
+
+def _rows(name: str):
+    import importlib.resources as res
+
+    import pandas as pd
+
+    family = {"gemm_perf": "gemm", "custom_allreduce_perf": "comm"}[name]
+    root = Path(str(res.files("aiconfigurator_core"))) / "systems" / "data" / "h100_sxm" / family / "vllm"
+    return pd.read_parquet(root / ENGINE_VERSION / f"{name}.parquet")
+
+
+def _gemm_row_ms(m: int, n: int, k: int) -> float:
+    g = _rows("gemm_perf")
+    hit = g[(g.gemm_dtype == "bfloat16") & (g.m == m) & (g.n == n) & (g.k == k)]
+    assert len(hit) == 1, f"expected one measured bf16 GEMM row at m={m} n={n} k={k}, found {len(hit)}"
+    return float(hit.latency.iloc[0])
+
+
+def _price(table, model, gpu_id: str, tp: int, *, tokens: int, seqs: int, decodes: int = 0, ctx: int = 0,
+           chunk: int = 0, chunk_ctx: int = 0) -> float:
+    """Price one step through the simulator's own table backend (sim.latency.table)."""
+    from policies.base import StepPlan
+    from sim.hardware.gpus import get_gpu
+    from sim.latency.table import TableLatency
+
+    latency = TableLatency(table, model, get_gpu(gpu_id), tp, 16)
+    plan = StepPlan()
+    plan.num_new_tokens = [1] * decodes + ([chunk] if chunk else [])
+    plan.context = [ctx] * decodes + ([chunk_ctx] if chunk else [])
+    assert len(plan.num_new_tokens) == seqs and sum(plan.num_new_tokens) == tokens
+    from sim.latency.base import step_shape
+
+    plan.scheduled = [None] * seqs
+    return latency.price(step_shape(plan), plan)[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# the database's own rows
+# ------------------------------------------------------------------------------------------------
+def test_a_measured_gemm_point_is_reproduced_exactly(tp1):
+    """QKV (n = (32 + 2·8)·128 = 6144, k = 4096) and O (4096 x 4096) at m = 1024 tokens are
+    measured rows; the table's linear(1024) holds exactly 32 layers of each."""
+    ops = tp1.ops["linear"][(1024,)]
+    assert ops["qkv_gemm"].seconds == pytest.approx(LAYERS * _gemm_row_ms(1024, 6144, 4096) * 1e-3, rel=1e-9)
+    assert ops["proj_gemm"].seconds == pytest.approx(LAYERS * _gemm_row_ms(1024, 4096, 4096) * 1e-3, rel=1e-9)
+    assert {ops[k].source for k in ("qkv_gemm", "proj_gemm", "gate_ffn1_gemm", "ffn2_gemm")} == {"silicon"}
+    from calib.sources.kernel_db import interp
+
+    # and the table row at that grid point is the sum of the operators, nothing more
+    assert interp(tp1.table, "linear", 1024) == pytest.approx(sum(op.seconds for op in ops.values()), rel=1e-12)
+
+
+def test_interpolation_between_measured_points(tp1, kdb):
+    """m = 1000 lies between the measured rows m = 769 and m = 1024: the database's engine
+    interpolates linearly in m, and the table's grid (1024, 1280) interpolates linearly in T."""
+    lo, hi = _gemm_row_ms(769, 6144, 4096), _gemm_row_ms(1024, 6144, 4096)
+    expected = lo + (1000 - 769) / (1024 - 769) * (hi - lo)
+    got = tp1.db.linear_ops(1000)["qkv_gemm"].seconds / LAYERS * 1e3
+    assert min(lo, hi) < got < max(lo, hi)
+    assert got == pytest.approx(expected, rel=1e-6)
+    # between the table's own points the simulator's backend interpolates linearly, and lands
+    # within 3 % of what the database gives at that token count directly
+    t = tp1.table
+    a, b = kdb.interp(t, "linear", 1024), kdb.interp(t, "linear", 1280)
+    mid = kdb.interp(t, "linear", 1152)
+    assert mid == pytest.approx((a + b) / 2, rel=1e-12)
+    direct = sum(op.seconds for op in tp1.db.linear_ops(1152).values())
+    assert mid == pytest.approx(direct, rel=0.03)
+
+
+def test_tensor_parallel_halves_the_gemms_and_adds_the_measured_all_reduce(tp1, tp2):
+    t = 4096
+    gemms = ("qkv_gemm", "proj_gemm", "gate_ffn1_gemm", "ffn2_gemm")
+    one = tp1.ops["linear"][(t,)]
+    two = tp2.ops["linear"][(t,)]
+    ratio = sum(two[g].seconds for g in gemms) / sum(one[g].seconds for g in gemms)
+    assert 0.45 < ratio < 0.6, ratio  # half the work per GPU, at slightly lower efficiency
+    assert one["ar_1"].seconds == one["ar_2"].seconds == 0.0
+    # two all-reduces per layer of T x hidden bf16 elements: the measured 2-GPU row (CUDA-graph lane)
+    ar = _rows("custom_allreduce_perf")
+    row = ar[(ar.num_gpus == 2) & (ar.message_size == t * 4096) & (ar.backend == "vllm_graph")]
+    assert len(row) == 1
+    per_layer = float(row.latency.iloc[0]) * 1e-3
+    assert two["ar_1"].seconds == pytest.approx(LAYERS * per_layer, rel=1e-9)
+    assert two["ar_2"].seconds == pytest.approx(LAYERS * per_layer, rel=1e-9)
+    # the LM head is sharded over the vocabulary too
+    assert tp2.ops["per_seq"][(64,)]["logits_gemm"].seconds < 0.75 * tp1.ops["per_seq"][(64,)]["logits_gemm"].seconds
+
+
+def test_one_sequence_decode_on_h100_is_between_the_weight_read_bound_and_twice_it(tp1):
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
+
+    model, gpu = get_model("llama-3-8b"), get_gpu("h100-sxm")
+    bound = model.weight_bytes(1) / gpu.hbm_bandwidth  # 16.06 GB / 3.35 TB/s = 4.79 ms
+    for ctx in (128, 1024):
+        step = _price(tp1.table, model, "h100-sxm", 1, tokens=1, seqs=1, decodes=1, ctx=ctx)
+        assert bound < step < 2 * bound, (ctx, step, bound)
+
+
+def test_prefill_over_prior_context_is_priced_between_its_bounds_and_documented(tp1, kdb):
+    """No row measures a chunk over cached tokens: a 512-token chunk over 3584 cached costs more
+    than the same chunk alone and less than the whole 4096-token prefill; the metadata says how."""
+    t = tp1.table
+    alone, over, whole = (kdb.interp(t, "prefill_attn", 512, 0), kdb.interp(t, "prefill_attn", 512, 3584),
+                          kdb.interp(t, "prefill_attn", 4096, 0))
+    assert alone < over < whole
+    modelled = tp1.table.metadata["provenance"]["modelled"]
+    assert "(s^2 - c^2) / s^2" in modelled["prefill_attn over prior context"]
+
+
+def test_composition_agrees_with_the_databases_own_step_predictions(tp1):
+    err = tp1.table.metadata["heldout_error"]
+    assert err["n"] >= 20
+    assert err["mean_abs_rel"] < 0.03 and err["p90_abs_rel"] < 0.06, err
+
+
+def test_table_folder_round_trips_and_records_provenance(tp1, tmp_path):
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
+    from sim.latency.table import TableLatency
+    from sim.latency.table_format import read_table, write_table
+
+    write_table(tmp_path / "t", tp1.table)
+    back = read_table(tmp_path / "t")
+    assert set(back.components) == set(tp1.table.components)
+    meta = back.metadata
+    assert meta["source"] == "kernel_db"
+    prov = meta["provenance"]
+    assert prov["package"] == "aiconfigurator-core" and prov["engine"] == "vllm"
+    assert prov["engine_version"] == ENGINE_VERSION and prov["gpu"] == "h100_sxm"
+    assert meta["device"] == "NVIDIA H100 80GB HBM3"
+    latency = TableLatency.from_path(tmp_path / "t", get_model("llama-3-8b"), get_gpu("h100-sxm"), 1, 16)
+    assert latency.table.scalar("overhead") == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# bad input
+# ------------------------------------------------------------------------------------------------
+def test_unknown_gpu_names_the_covered_ones(kdb):
+    with pytest.raises(CbsimError, match="h100-sxm, h200"):
+        kdb.aic_system("h100-pcie")
+
+
+def test_missing_package_says_how_to_install(monkeypatch):
+    import builtins
+
+    from calib.sources import kernel_db
+
+    real = builtins.__import__
+
+    def no_aic(name, *args, **kwargs):
+        if name.startswith("aiconfigurator_core"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_aic)
+    with pytest.raises(CbsimError, match=r"pip install 'cbsim\[gpu-data\]'"):
+        kernel_db.require_aiconfigurator()
+
+
+def test_moe_model_prices_its_experts_from_the_moe_rows(kdb):
+    """Mixtral-8x7B (AIConfigurator's own config.json, no network) at TP 2 on H200: the fused-MoE
+    operator is a measured ('silicon') part of linear(T), grows with tokens, and the LM head is
+    still priced per sequence."""
+    db = kdb.KernelDb(kdb.resolve_model("mistralai/Mixtral-8x7B-v0.1"), "h200", tp=2, engine_version=ENGINE_VERSION)
+    assert db.spec.num_experts == 8 and db.spec.num_experts_per_tok == 2
+    small, large = db.linear_ops(16), db.linear_ops(4096)
+    assert small["moe"].source == "silicon" and small["moe"].seconds > 0
+    assert large["moe"].seconds > 4 * small["moe"].seconds
+    assert "logits_gemm" in db.per_seq_ops(8) and "logits_gemm" not in large
+
+
+def test_per_seq_is_priced_once_per_scheduled_sequence_and_old_tables_without_it_still_load(tp1, tmp_path):
+    """The optional per_seq component: a step of 4 prefill chunks pays per_seq(4) on top of the
+    same step priced by the same table without it; a table folder without the component loads."""
+    from calib.sources.kernel_db import interp
+    from sim.hardware.models import get_model
+    from sim.latency.table_format import LatencyTable, read_table, write_table
+
+    model = get_model("llama-3-8b")
+    without = LatencyTable({k: v for k, v in tp1.table.components.items() if k != "per_seq"},
+                           dict(tp1.table.metadata))
+    write_table(tmp_path / "old", without)
+    back = read_table(tmp_path / "old")
+    assert "per_seq" not in back.components
+    extra = _price_chunks(tp1.table, model, 4, 256) - _price_chunks(back, model, 4, 256)
+    assert extra == pytest.approx(interp(tp1.table, "per_seq", 4), rel=1e-9)
+    assert extra > 0
+
+
+def _price_chunks(table, model, k: int, n: int) -> float:
+    from policies.base import StepPlan
+    from sim.hardware.gpus import get_gpu
+    from sim.latency.base import step_shape
+    from sim.latency.table import TableLatency
+
+    latency = TableLatency(table, model, get_gpu("h100-sxm"), 1, 16, async_scheduling=False)
+    plan = StepPlan()
+    plan.num_new_tokens, plan.context, plan.scheduled = [n] * k, [0] * k, [None] * k
+    return latency.price(step_shape(plan), plan)[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# what the database does not measure: cold KV in served decodes, decodes beside a prefill chunk
+# ------------------------------------------------------------------------------------------------
+def _rtx_rows(name: str):
+    import importlib.resources as res
+
+    import pandas as pd
+
+    root = Path(str(res.files("aiconfigurator_core"))) / "systems" / "data" / "rtx_pro_6000_server" / "attention"
+    return pd.read_parquet(root / "vllm" / ENGINE_VERSION / f"{name}.parquet")
+
+
+@pytest.fixture(scope="module")
+def rtx(kdb):
+    return kdb.KernelDb(kdb.resolve_model("llama-3-8b"), "rtx-pro-6000", tp=1)
+
+
+def test_decode_attention_is_floored_at_streaming_the_kv_cache_from_dram(rtx):
+    """RTX PRO 6000 (128 MB L2): the measured row for 32 decodes at 1023 cached tokens reads 134 MB
+    a layer faster than DRAM can deliver (graph replays on one warm KV cache); the table prices it
+    at bytes / (0.8 x 1.792 TB/s) + 3 us a layer. A batch whose KV is 16x the L2 was measured at DRAM
+    speed already (0.84 of the bandwidth): the floor moves it by less than 6 %."""
+    g = _rtx_rows("generation_attention_perf")
+    row = g[(g.num_heads == 32) & (g.num_key_value_heads == 8) & (g.head_dim == 128) & (g.window_size == 0)
+            & (g.kv_cache_dtype == "bfloat16") & (g.batch_size == 32) & (g.step == 1023)]
+    assert len(row) == 1 and row.kernel_source.iloc[0] == "vllm_flash_attn_fa2"
+    kv_bytes = 32 * 1024 * 2 * 8 * 128 * 2  # b x keys x (K, V) x kv heads x head dim x bf16
+    assert kv_bytes / (row.latency.iloc[0] * 1e-3) > 1.792e12  # faster than the DRAM bandwidth
+    floor = LAYERS * (kv_bytes / (0.8 * 1.792e12) + 3e-6)
+    ops = rtx.decode_attn_ops(32, 1023)
+    assert sum(op.seconds for op in ops.values()) == pytest.approx(floor, rel=1e-9)
+    assert ops["kv_dram_floor"].source == "modelled"
+    measured = rtx.decode_attn_ops(128, 4095, floor=False)["attention"].seconds
+    assert "kv_dram_floor" not in rtx.decode_attn_ops(32, 1023, floor=False)
+    big = sum(op.seconds for op in rtx.decode_attn_ops(128, 4095).values())
+    assert measured <= big < 1.06 * measured
+
+
+def test_decodes_beside_a_chunk_cost_one_unpacked_query_tile_per_head_in_fa2_only(rtx, kdb):
+    """FA2 (vLLM's FLASH_ATTN on the RTX PRO 6000) packs GQA only for pure-decode launches: beside a
+    chunk, 128 decodes at 1k context cost 64 (c + 1) b / (s^2 / 2) of the measured 16k-token causal
+    prefill, above the same decodes alone; 1 decode at 256 costs no less than alone. H100's FA3
+    rows get no such component (FA3 packs GQA in every launch)."""
+    s = kdb.THROUGHPUT_PREFILL_TOKENS
+    prefill = sum(op.seconds for op in rtx.prefill_attn_ops(s, 0).values())
+    mixed = sum(op.seconds for op in rtx.decode_attn_mixed_ops(128, 1024).values())
+    alone = sum(op.seconds for op in rtx.decode_attn_ops(128, 1024).values())
+    assert mixed == pytest.approx(prefill * 128 * 64 * 1025 / (s * s / 2), rel=1e-9)
+    assert 1.1 * alone < mixed < 4 * alone  # at most the GQA group (4) times the work
+    one = rtx.decode_attn_mixed_ops(1, 256)
+    assert sum(op.seconds for op in one.values()) == pytest.approx(
+        sum(op.seconds for op in rtx.decode_attn_ops(1, 256).values()))
+    h100 = kdb.KernelDb(kdb.resolve_model("llama-3-8b"), "h100-sxm", tp=1, engine_version=ENGINE_VERSION)
+    assert h100.attention_kernel == "vllm_flash_attn_fa3" and not h100.prices_mixed_decodes
+    comp = kdb.compose(rtx, _grids(kdb))
+    assert "decode_attn_mixed" in comp.table.components
+    assert "unpacked_gqa_tiles" in comp.table.metadata["provenance"]["modelled"]["decode_attn_mixed"]

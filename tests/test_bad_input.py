@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.cli import main as cli
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 CBSIM = Path(sys.executable).parent / "cbsim"
@@ -31,21 +31,6 @@ BASE = {
     "engine": {"num_gpu_blocks": 64, "max_model_len": 512, "max_num_batched_tokens": 512},
     "policies": [{"name": "vllm-v1"}],
 }
-
-
-def run_cli(capsys, *args) -> tuple[int, str, str]:
-    """``cbsim ARGS`` through sim.cli.main.main; returns (exit code, stdout, stderr)."""
-    old = sys.argv
-    sys.argv = ["cbsim", *map(str, args)]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def scenario_file(tmp_path: Path, data: dict | None = None, name: str = "s.yaml") -> Path:
@@ -133,7 +118,7 @@ def test_percentile_outside_0_100(capsys, tmp_path, value, expected):
 
 @pytest.mark.parametrize("key, value, expected", [
     ("model", "llama3-8b", "model: unknown model 'llama3-8b' (did you mean 'llama-3-8b'?); known models: "),
-    ("hardware.gpu", "h100", "hardware.gpu: unknown gpu 'h100' (did you mean 'h100-sxm'?); known gpus: "),
+    ("hardware.gpu", "h100", "hardware.gpu: unknown gpu 'h100' (did you mean 'h100-sxm' or 'h100-pcie'?); known gpus: "),
     ("policies.0.name", "vllm_v1", "policies.0.name: unknown policy 'vllm_v1' (did you mean 'vllm-v1'?); policies: "),
 ])
 def test_unknown_names_suggest_the_nearest(capsys, tmp_path, key, value, expected):
@@ -152,9 +137,9 @@ def test_token_budget_smaller_than_a_block(capsys, tmp_path):
 def test_model_that_does_not_fit_states_bytes_needed_and_available(capsys, tmp_path):
     msg = error_of(capsys, tmp_path, "model=llama-3-70b", "hardware.gpu=h200", "engine.num_gpu_blocks=null")
     assert msg.startswith("model 'llama-3-70b' does not fit on h200 with tensor_parallel=1: each GPU needs "
-                          "131.42 GiB of weights + 1.00 GiB activation reserve + at least one KV block "
-                          "(5.00 MiB) = 142,186,397,696 bytes (132.42 GiB), but 141,000,000,000 bytes × "
-                          "gpu_memory_utilization 0.92 = 129,720,000,000 bytes (120.81 GiB) are available.")
+                          "131.42 GiB of weights + 1.22 GiB activation reserve + at least one KV block "
+                          "(5.00 MiB) = 142,421,147,648 bytes (132.64 GiB), but 150,119,844,413 bytes × "
+                          "gpu_memory_utilization 0.92 = 138,110,256,859 bytes (128.63 GiB) are available.")
     assert msg.endswith("Raise hardware.tensor_parallel, choose a GPU with more memory, raise "
                         "hardware.gpu_memory_utilization, or use a smaller model.")
 

@@ -1,0 +1,298 @@
+"""Plan a disaggregated deployment: the cheapest xPyD split meeting the SLO at a target rate,
+against the best colocated layout on the same GPUs.
+
+Disaggregated side. For each pair of tensor-parallel sizes (prefill, decode) from ``tp_choices``,
+the fewest GPUs ``x·tp_p + y·tp_d`` over prefill instance counts ``x`` and decode instance counts
+``y`` (each at most ``max_instances``) whose run at ``workload.arrival.rate = R`` meets the SLO.
+Assuming more instances in either pool never hurt, the layouts that meet form a staircase, and
+the search walks it:
+
+1. grow ``x = y = 1, 2, 4, ...`` until a layout meets (none up to ``max_instances``: no plan);
+2. bisect ``x`` down with that ``y``, then ``y`` down with the smallest ``x``;
+3. for each larger ``x`` whose prefill GPUs alone leave room to beat the best, bisect the
+   smallest ``y`` that meets (it can only be smaller than the last one).
+
+Every layout reported was simulated and met; ``probes`` lists every run ``(x, y, met)``.
+
+Colocated side. For each policy of ``policies`` and each TP size, the smallest replica count
+meeting the SLO (doubling, then bisection, as :mod:`sim.planning.plan`), and one run of that
+policy on the *same number of GPUs* as the disaggregated plan (``⌊GPUs / tp⌋`` replicas), whose
+p99 figures show by how much a colocated layout of that size misses the SLO.
+
+Verdicts are the steady-state test of :func:`sim.planning.probe.judge`, the same on both sides
+(and the same as ``cbsim plan`` and ``cbsim capacity``), so the comparison is fair and does not
+hinge on the run's length: the SLO percentiles of the requests arriving after warm-up and before
+drain, the probe size doubled from ``workload.num_requests`` until two sizes agree, and no layout
+meeting at a load at or above its saturated throughput (a burst of every request at once: through
+the whole topology for an xPyD layout, the whole rate its load; one replica for a colocated layout,
+``R / replicas`` its load). Each layout has a saturated throughput of its own, so it is measured
+only for layouts whose runs meet (:func:`sim.planning.probe.judge_saturation_last`: the same
+verdicts, fewer bursts); colocated ones once per policy and TP size. ``p99`` figures are those of
+the steady window (of the whole run when no window was long enough).
+
+Cost. GPUs × ``cost_per_gpu_hour`` per hour of traffic, and per million requests
+``GPUs × price / (3600 · R) × 10⁶`` (as :mod:`sim.planning.plan`); the pools may have GPUs of
+different kinds, all priced at ``cost_per_gpu_hour``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+from sim.errors import CbsimError
+
+DEFAULT_MAX_INSTANCES = 16
+SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s")
+
+
+@dataclass
+class Layout:
+    """One simulated layout and its verdict."""
+
+    prefill: int  # instances (for a colocated layout: replicas)
+    decode: int  # instances (0 for a colocated layout)
+    prefill_tp: int
+    decode_tp: int
+    gpus: int
+    met: bool
+    p99: dict = field(default_factory=dict)  # the SLO percentile of ttft_s, tpot_s, e2e_s (steady window)
+    saturated: bool = False  # violates because its load is at or above its saturated throughput
+    saturated_rps: float | None = None  # that throughput (per replica when colocated), when measured
+    stable: bool = True  # the verdict agreed between two probe sizes in a row
+    probe_requests: int | None = None  # requests in the run whose verdict was used
+    summary: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class DisaggPlan:
+    """The cheapest disaggregated layout, and the colocated layouts it is compared with."""
+
+    label: str
+    target_rate_rps: float
+    best: Layout | None  # None: no layout up to max_instances met the SLO
+    max_instances: int
+    cost_per_gpu_hour: float | None
+    cost_per_hour: float | None
+    cost_per_million_requests: float | None
+    runs: int  # simulations: every probe size of every layout, and the saturation bursts
+    probes: list[Layout] = field(default_factory=list)
+    colocated: dict[str, dict] = field(default_factory=dict)  # policy label -> comparison
+    stable: bool = True  # every layout's verdict agreed between two probe sizes in a row
+
+    @property
+    def split(self) -> str | None:
+        b = self.best
+        return None if b is None else f"{b.prefill}P{b.decode}D"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["split"] = self.split
+        for layout in [d["best"], *d["probes"]]:
+            if layout:
+                layout.pop("summary", None)
+        return d
+
+
+def costs(gpus: int | None, rate: float, price: float | None) -> tuple[float | None, float | None]:
+    if gpus is None or price is None:
+        return None, None
+    return gpus * price, gpus * price / (3600.0 * rate) * 1e6
+
+
+def percentile_of(summary: dict, slo) -> dict:
+    """The SLO's percentile of each metric, from the summary's fixed percentiles (p50/p90/p99;
+    the closest at or above the SLO's)."""
+    key = next((f"p{p}" for p in (50, 90, 99) if p >= slo.percentile), "p99")
+    return {m: summary[m][key] for m in SLO_METRICS}
+
+
+class _Verdicts:
+    """Judges layouts once each (:func:`sim.planning.probe.judge_saturation_last`), keeps them in
+    judging order, and counts the simulations."""
+
+    def __init__(self, scn, rate: float) -> None:
+        self.scn, self.rate = scn, rate
+        self.seen: dict[tuple, Layout] = {}
+        self.order: list[Layout] = []
+        self.saturation: dict[tuple, float | None] = {}
+        self.runs = 0
+
+    def disaggregated(self, x: int, y: int, tp_p: int, tp_d: int) -> Layout:
+        key = ("d", x, y, tp_p, tp_d)
+        if key not in self.seen:
+            sets = [f"disaggregation.prefill.replicas={x}", f"disaggregation.decode.replicas={y}",
+                    f"disaggregation.prefill.hardware.tensor_parallel={tp_p}",
+                    f"disaggregation.decode.hardware.tensor_parallel={tp_d}"]
+            self._judge(key, sets, None, 1, Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
+        return self.seen[key]
+
+    def colocated(self, label: str, n: int, tp: int) -> Layout:
+        key = ("c", label, n, tp)
+        if key not in self.seen:
+            self._judge(key, [f"replicas.count={n}", f"hardware.tensor_parallel={tp}"], label, n,
+                        Layout(n, 0, tp, 0, n * tp, False))
+        return self.seen[key]
+
+    def _judge(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> None:
+        """``units``: what shares the rate, each saturating at the measured throughput (the
+        colocated replicas; 1 for a topology)."""
+        from sim.planning.probe import judge_saturation_last
+        from sim.scenario.schema import load_scenario
+
+        scn = load_scenario(self.scn, [f"workload.arrival.rate={self.rate!r}", *sets])
+        if label is None:
+            label = scn.disaggregation.name
+        # a topology saturates as a whole (its own burst); colocated replicas as one replica of
+        # the policy at that TP size (one burst shared by every replica count)
+        sat_key = key if key[0] == "d" else ("c", label, key[3])
+        v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label))
+        self.runs += v.runs
+        summary = v.summary
+        steady = summary.get("steady") or {}
+        figures = steady if steady.get("slo_met") is not None else summary
+        layout.met, layout.saturated, layout.stable = v.met, v.saturated, v.stable
+        layout.saturated_rps = self.saturation.get(sat_key)
+        layout.p99 = percentile_of(figures, scn.slo) if figures else dict.fromkeys(SLO_METRICS)
+        layout.probe_requests = summary.get("requests_total")
+        layout.summary = summary
+        self.seen[key] = layout
+        self.order.append(layout)
+
+    def _saturated(self, sat_key: tuple, scn, label: str) -> float | None:
+        from sim.planning.probe import saturated_rate
+
+        if sat_key not in self.saturation:
+            self.saturation[sat_key], _ = saturated_rate(scn, label)
+            self.runs += 1
+        return self.saturation[sat_key]
+
+
+def smallest(met: Callable[[int], bool], hi: int, lo_fail: int = 0) -> int | None:
+    """The smallest ``n`` in ``(lo_fail, hi]`` with ``met(n)``, doubling from ``lo_fail + 1`` then
+    bisecting (``met`` assumed monotone); None when even ``hi`` does not meet."""
+    n, fail = lo_fail + 1, lo_fail
+    while not met(n):
+        fail = n
+        if n >= hi:
+            return None
+        n = min(2 * n, hi)
+    best = n
+    while best - fail > 1:
+        mid = (fail + best) // 2
+        if met(mid):
+            best = mid
+        else:
+            fail = mid
+    return best
+
+
+def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layout | None:
+    """The fewest-GPU xPyD layout at these TP sizes (module docstring, steps 1-3)."""
+    n = 1
+    while not v.disaggregated(n, n, tp_p, tp_d).met:
+        if n >= max_instances:
+            return None
+        n = min(2 * n, max_instances)
+    x0 = smallest(lambda x: v.disaggregated(x, n, tp_p, tp_d).met, n)
+    y0 = smallest(lambda y: v.disaggregated(x0, y, tp_p, tp_d).met, n)
+    best = v.disaggregated(x0, y0, tp_p, tp_d)
+    y_prev = y0
+    for x in range(x0 + 1, max_instances + 1):
+        if x * tp_p + tp_d >= best.gpus or y_prev <= 1:
+            break
+        y = smallest(lambda y, x=x: v.disaggregated(x, y, tp_p, tp_d).met, y_prev - 1)
+        if y is None:
+            continue
+        y_prev = y
+        cand = v.disaggregated(x, y, tp_p, tp_d)
+        if cand.gpus < best.gpus:
+            best = cand
+    return best
+
+
+def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = (),
+                       tp_choices: Iterable[int] | None = None, max_instances: int = DEFAULT_MAX_INSTANCES,
+                       policies: Iterable[str] | None = None) -> DisaggPlan:
+    """The plan (module docstring). ``tp_choices``: TP sizes tried for each pool and for the
+    colocated layouts (default: the pools' own and the scenario's ``hardware.tensor_parallel``)."""
+    from sim.planning.capacity import labels_of, require_rate, require_slo
+    from sim.scenario.schema import load_scenario
+
+    if not target_rate > 0:
+        raise CbsimError(f"--target-rate must be a positive number of requests per second, got {target_rate}")
+    if max_instances < 1:
+        raise CbsimError(f"--max-replicas must be at least 1, got {max_instances}")
+    scn = load_scenario(scenario, list(overrides))
+    if scn.disaggregation is None:
+        raise CbsimError("planning a disaggregated layout needs a disaggregation section in the scenario "
+                         "(see scenarios/disaggregation.yaml), or --set 'disaggregation={}'")
+    require_slo(scn, "plan")
+    require_rate(scn, "plan")
+    dis = scn.disaggregation
+    if tp_choices is None:
+        own = [(getattr(dis, p).hardware or scn.hardware).tensor_parallel for p in ("prefill", "decode")]
+        pairs = [tuple(own)]
+        colocated_tps = [scn.hardware.tensor_parallel]
+    else:
+        tps = sorted(set(int(t) for t in tp_choices))
+        if not tps or tps[0] < 1:
+            raise CbsimError(f"--tp takes tensor-parallel sizes of at least 1, got {tps}")
+        pairs = [(a, b) for a in tps for b in tps]
+        colocated_tps = tps
+    v = _Verdicts(scn, float(target_rate))
+    best = None
+    for tp_p, tp_d in pairs:
+        found = search_split(v, tp_p, tp_d, max_instances)
+        if found is not None and (best is None or (found.gpus, found.prefill_tp + found.decode_tp)
+                                  < (best.gpus, best.prefill_tp + best.decode_tp)):
+            best = found
+    colocated = {label: compare_colocated(v, label, colocated_tps, best, max_instances, scn.slo)
+                 for label in labels_of(scn, policies)}
+    per_hour, per_million = costs(best.gpus if best else None, target_rate, scn.cost_per_gpu_hour)
+    return DisaggPlan(label=dis.name, target_rate_rps=float(target_rate), best=best, max_instances=max_instances,
+                      cost_per_gpu_hour=scn.cost_per_gpu_hour, cost_per_hour=per_hour,
+                      cost_per_million_requests=per_million, runs=v.runs, probes=list(v.order),
+                      colocated=colocated, stable=all(layout.stable for layout in v.order))
+
+
+def compare_colocated(v: _Verdicts, label: str, tps: list[int], best: Layout | None, max_replicas: int,
+                      slo) -> dict:
+    """One colocated policy: its cheapest layout meeting the SLO (any of ``tps``; ``replicas``
+    None when none up to ``max_replicas`` does), and its run on the disaggregated plan's GPUs."""
+    cheapest = None
+    for tp in tps:
+        n = smallest(lambda n, tp=tp: v.colocated(label, n, tp).met, max_replicas)
+        if n is not None:
+            layout = v.colocated(label, n, tp)
+            if cheapest is None or layout.gpus < cheapest.gpus:
+                cheapest = layout
+    out = {"replicas": cheapest.prefill if cheapest else None,
+           "tensor_parallel": cheapest.prefill_tp if cheapest else None,
+           "gpus": cheapest.gpus if cheapest else None,
+           "p99": cheapest.p99 if cheapest else None,
+           "max_replicas": max_replicas, "same_gpus": None}
+    price, rate = None, v.rate
+    price = v.scn.cost_per_gpu_hour
+    out["cost_per_hour"], out["cost_per_million_requests"] = costs(out["gpus"], rate, price)
+    if best is not None:
+        tp = min(tps)
+        n = best.gpus // tp
+        if n >= 1:
+            same = v.colocated(label, n, tp)
+            out["same_gpus"] = {"replicas": n, "tensor_parallel": tp, "gpus": same.gpus, "met": same.met,
+                                "p99": same.p99, "violations": {} if same.met else violations(same.p99, slo),
+                                "saturated": same.saturated, "saturated_rps": same.saturated_rps}
+    return out
+
+
+def violations(p99: dict, slo) -> dict:
+    """Each bounded metric whose SLO percentile exceeds its bound: ``{metric: [value, bound]}``
+    (a NaN percentile, a backlog, counts as a violation)."""
+    out = {}
+    for m in SLO_METRICS:
+        bound = getattr(slo, m)
+        value = p99.get(m)
+        if bound is not None and not (value is not None and value <= bound):
+            out[m] = [value, bound]
+    return out

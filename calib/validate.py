@@ -90,8 +90,10 @@ def run_real(dep, entry, specs, device: str, *, check: bool = False,
     from sim.latency.base import LatencyModel
     from sim.runner import policy_knobs
 
-    scn, limits, model = dep.scenario, dep.limits, dep.model
-    policy = make_policy(entry.name, limits, **policy_knobs(scn, entry))
+    scn, model = dep.scenario, dep.model
+    knobs = policy_knobs(scn, entry)
+    limits = dep.limits_for(entry.name, knobs)  # the policy's own batch limits, as the simulation's
+    policy = make_policy(entry.name, limits, **knobs)
     runner = make_runner(model, num_blocks=limits.num_gpu_blocks + 1, block_size=limits.block_size, device=device,
                          seed=scn.seed)
     executor, note = make_executor(runner, max_model_len=limits.max_model_len, max_batch=policy.max_slots)
@@ -184,7 +186,8 @@ def validate_scenario(scenario, *, device: str = "cpu", table: str | Path | None
         from policies.registry import make_policy
         from sim.runner import policy_knobs
 
-        probe = make_policy(entry.name, limits, **policy_knobs(scn, entry))
+        knobs = policy_knobs(scn, entry)
+        probe = make_policy(entry.name, dep.limits_for(entry.name, knobs), **knobs)
         spec = profile_spec_for(dep, probe, device, **(profile_overrides or {}))
         if out is not None:
             table = Path(out) / "table"
@@ -250,7 +253,7 @@ def write_steplog(run: EngineRun, dep, path: Path) -> Path:
     (``cbsim calibrate --from-steplog``) or predicted (``cbsim validate --against``)."""
     import json
 
-    scn, limits, m = dep.scenario, dep.limits, dep.model
+    limits, m = run.policy.limits, dep.model  # the limits the policy really ran with
     reqs = run.requests_frame()
     data = {
         "source": f"cbsim calib.engine ({run.policy.name}), {run.info.get('device', 'cpu')}, {m.dtype}, "
@@ -262,7 +265,7 @@ def write_steplog(run: EngineRun, dep, path: Path) -> Path:
         "config": {"block_size": limits.block_size, "num_blocks": limits.num_gpu_blocks + 1,
                    "max_num_batched_tokens": limits.max_num_batched_tokens, "max_num_seqs": limits.max_num_seqs,
                    "max_model_len": limits.max_model_len, "policy": "fcfs",
-                   "enable_prefix_caching": bool(scn.engine.enable_prefix_caching)},
+                   "enable_prefix_caching": bool(run.policy.knobs.get("enable_prefix_caching", False))},
         "requests": [{"id": r.id, "arrival_s": float(r.arrival_s), "prompt_tokens": int(r.prompt_tokens),
                       "max_tokens": int(r.max_tokens), "token_times_s": [float(t) for t in r.token_times_s],
                       "preemptions": int(r.preemptions)} for r in reqs.itertuples()],

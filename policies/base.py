@@ -17,7 +17,7 @@ same objects.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 
@@ -129,15 +129,37 @@ class StepPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class Device:
+    """The accelerator as an engine sees it when it picks its own defaults (vLLM reads the device
+    name and total memory at start-up: ``EngineArgs.get_batch_defaults``)."""
+
+    name: str = ""  # as the driver names it, e.g. "NVIDIA A100-SXM4-80GB"
+    memory_bytes: int = 0  # total device memory
+    kind: str = "gpu"  # gpu | cpu
+    world_size: int = 1  # GPUs of one replica (tensor x pipeline parallel)
+
+
+# what every policy gets when the scenario leaves engine.max_num_seqs / max_num_batched_tokens
+# unset and the policy's engine has no hardware-dependent defaults of its own
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True, slots=True)
 class EngineLimits:
-    """Engine-wide settings every policy reads (scenario key ``engine`` plus the KV pool size)."""
+    """Engine-wide settings every policy reads (scenario key ``engine`` plus the KV pool size).
+
+    ``max_num_seqs`` / ``max_num_batched_tokens`` may be None: "the engine's own default". Then
+    :meth:`Policy.resolve_limits` (called by ``policies.registry.make_policy``) fills them in for
+    the policy being built, from ``device`` (vllm-v1 picks them as vLLM does for that GPU)."""
 
     block_size: int = 16
     num_gpu_blocks: int = 1000  # usable blocks (the null block is not counted)
     num_cpu_blocks: int = 0  # swap pool
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 8192
+    device: Device | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +182,10 @@ class Policy:
     summary: ClassVar[str] = ""
     KNOBS: ClassVar[dict[str, Knob]] = {}
     uses_token_budget: ClassVar[bool] = True
+    # where max_num_seqs / max_num_batched_tokens come from when the scenario leaves them unset
+    engine_defaults_source: ClassVar[str] = (
+        f"fixed: {DEFAULT_MAX_NUM_SEQS} / {DEFAULT_MAX_NUM_BATCHED_TOKENS} on every device"
+    )
 
     def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
         unknown = set(knobs) - set(self.KNOBS)
@@ -168,8 +194,33 @@ class Policy:
                 f"policy {self.name!r} has no setting(s) {sorted(unknown)}; "
                 f"its settings are {sorted(self.KNOBS)}"
             )
+        if limits.max_num_seqs is None or limits.max_num_batched_tokens is None:
+            raise ValueError(
+                f"policy {self.name!r}: max_num_seqs / max_num_batched_tokens are unset; build the "
+                "policy with policies.registry.make_policy, which fills in the engine's own defaults"
+            )
         self.limits = limits
         self.knobs = {k: knobs.get(k, knob.default) for k, knob in self.KNOBS.items()}
+
+    @classmethod
+    def engine_defaults(cls, limits: EngineLimits, knobs: dict[str, Any]) -> tuple[int, int]:
+        """``(max_num_seqs, max_num_batched_tokens)`` for these limits, where a None means "this
+        engine's own default": here a fixed 256 / 8192 for every device. Policies whose engine
+        picks its defaults by hardware (``vllm-v1``) override this."""
+        seqs = limits.max_num_seqs if limits.max_num_seqs is not None else DEFAULT_MAX_NUM_SEQS
+        tokens = (limits.max_num_batched_tokens if limits.max_num_batched_tokens is not None
+                  else DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        return seqs, tokens
+
+    @classmethod
+    def resolve_limits(cls, limits: EngineLimits, knobs: dict[str, Any] | None = None) -> EngineLimits:
+        """``limits`` with unset (None) engine limits replaced by :meth:`engine_defaults`."""
+        if limits.max_num_seqs is not None and limits.max_num_batched_tokens is not None:
+            return limits
+        merged = {k: knob.default for k, knob in cls.KNOBS.items()}
+        merged.update(knobs or {})
+        seqs, tokens = cls.engine_defaults(limits, merged)
+        return replace(limits, max_num_seqs=seqs, max_num_batched_tokens=tokens)
 
     # --- driven by the engine -------------------------------------------------------------
     def add_request(self, req: Request) -> None:

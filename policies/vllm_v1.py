@@ -41,6 +41,7 @@ from typing import Any
 
 from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
 from policies.kv.paged import PagedKVManager
+from policies.vllm_defaults import VLLM_RELEASE, vllm_limits
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -48,8 +49,12 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 class VllmV1Policy(Policy):
     name = "vllm-v1"
     summary = (
-        "vLLM V1 (0.32): token budget, running requests first, chunked prefill, "
+        f"vLLM V1 ({VLLM_RELEASE}): token budget, running requests first, chunked prefill, "
         "full-prompt admission gate, LIFO recompute preemption, paged KV with prefix caching"
+    )
+    engine_defaults_source = (
+        f"vLLM {VLLM_RELEASE}'s own for its API server on this GPU (vllm/engine/arg_utils.py, "
+        "get_batch_defaults): by GPU memory and name"
     )
     KNOBS = {
         "watermark": Knob(
@@ -71,8 +76,9 @@ class VllmV1Policy(Policy):
             str,
         ),
         "enable_prefix_caching": Knob(
-            False,
-            "reuse cached full KV blocks of identical prefixes (LRU eviction through the free queue)",
+            True,
+            "reuse cached full KV blocks of identical prefixes (LRU eviction through the free queue); "
+            "on by default, as in vLLM V1",
             bool,
         ),
         "scheduler_reserve_full_isl": Knob(
@@ -88,6 +94,13 @@ class VllmV1Policy(Policy):
             bool,
         ),
     }
+
+    @classmethod
+    def engine_defaults(cls, limits: EngineLimits, knobs: dict[str, Any]) -> tuple[int, int]:
+        """vLLM's own ``max_num_seqs`` / ``max_num_batched_tokens`` for the server on this device
+        (:mod:`policies.vllm_defaults`), for whichever of the two the scenario left unset."""
+        return vllm_limits(limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len,
+                           limits.device, chunked_prefill=bool(knobs.get("enable_chunked_prefill", True)))
 
     def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
         super().__init__(limits, **knobs)
@@ -310,7 +323,10 @@ class VllmV1Policy(Policy):
                         plan.prefix_hit_tokens[r.id] = n_cached
                 r.status = Status.RUNNING
                 r.num_computed_tokens = num_computed
-                self._stored_tokens += n_cached
+                # KV it holds from the start: prefix hits, and tokens computed elsewhere (a KV
+                # connector's external computed tokens: a request handed over with its prompt's
+                # KV, sim.disaggregation); a new or preempted request brings none of its own
+                self._stored_tokens += num_computed
                 sched.append(r)
                 sched_n.append(n)
                 token_budget -= n

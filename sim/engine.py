@@ -38,6 +38,7 @@ import simpy
 
 from policies.base import Policy, Request, Status, StepPlan
 from sim.latency.base import LatencyModel, StepShape, step_shape
+from sim.metrics.recompute import RecomputeTracker
 from sim.metrics.recorder import (
     HORIZON_REACHED,
     Recorder,
@@ -83,6 +84,9 @@ class Replica:
         self.pricer = DecodePricer(latency) if self.fast_forward else None
         self.stretches = 0  # pure-decode stretches fast-forwarded, and the steps they held
         self.stretch_steps = 0
+        # when the step (or stretch) under way ends: sim.disaggregation bounds its decode pool's
+        # fast-forward by its prefill instances' next step ends (nothing else reads it)
+        self.busy_until = -math.inf
         self.process = env.process(self.loop())
 
     def submit(self, rec: RequestRecord) -> None:
@@ -107,6 +111,7 @@ class Replica:
         latency, steps = self.latency, self.steps
         append_step = steps.append
         fast_forward = self.fast_forward
+        recompute = RecomputeTracker()
         while True:
             if not policy.has_work():
                 if self.arrivals_done:
@@ -119,6 +124,7 @@ class Replica:
                 if stretch is not None:
                     prepared = self._prepare_stretch(*stretch)
                     if prepared is not None:
+                        self.busy_until = env.now + prepared[0]
                         yield env.timeout(prepared[0])
                         self._apply_stretch(*prepared[1:])
                         continue
@@ -144,17 +150,23 @@ class Replica:
                 records[req.id].mark_admitted(start)
             shape = fast_step_shape(plan)
             dt, flops, bytes_ = latency.price(shape, plan)
+            recomputed = 0
+            if shape.prefill_tokens or plan.preempted:  # only prefill chunks can recompute
+                recomputed, pairs = recompute.observe(plan)
+                if recomputed:  # time spent, not useful work: MFU leaves it out
+                    flops -= latency.recompute_flops(recomputed, pairs)
             swap_s = 0.0
             if plan.swap_out_blocks or plan.swap_in_blocks:
                 swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
                 dt += swap_s
+            self.busy_until = start + dt  # where SimPy puts the timeout: now + delay
             yield env.timeout(dt)
             now = env.now
             finished = emit_step_tokens(plan.scheduled, records, len(steps), now)
             policy.finish_step(plan, finished)
             for req in finished:
                 self._end(records[req.id], "finished")
-            append_step(now, start, dt, policy, shape, plan, len(finished), flops, bytes_, swap_s)
+            append_step(now, start, dt, policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed)
 
     # --- fast-forward ---------------------------------------------------------------------------
     def _prepare_stretch(self, batch: list[Request], context: int):

@@ -60,14 +60,11 @@ class RunResult:
         """The folder :meth:`save` may write (resolved), or a :class:`CbsimError` if saving there
         would destroy something that is not an earlier cbsim result. Call it before a long run."""
         from sim.errors import CbsimError
+        from sim.outputs import check_folder
 
-        out = Path(out_dir).expanduser().resolve()
+        out = check_folder(out_dir)  # a file, an unwritable folder, a name too long
         if not out.exists():
-            if out.parent.exists() and not out.parent.is_dir():
-                raise CbsimError(f"cannot write results into {out}: {out.parent} is a file, not a folder")
             return out
-        if not out.is_dir():
-            raise CbsimError(f"cannot write results to {out}: it is a file; give a folder name (--out DIR)")
         entries = list(out.iterdir())
         foreign = [p.name for p in entries if not (p.is_file() and _is_result_file(p.name))]
         if entries and (foreign or not (out / "summary.json").exists()):
@@ -90,8 +87,13 @@ class RunResult:
             raise CbsimError(f"cannot write results to {out}: {exc.strerror or exc}") from None
 
     def _save(self, out: Path, plots: bool) -> Path:
+        made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        except BaseException:
+            _remove_empty(made)
+            raise
         old = None
         try:
             self.requests.to_parquet(tmp / "requests.parquet", index=False)
@@ -112,6 +114,7 @@ class RunResult:
             shutil.rmtree(tmp, ignore_errors=True)
             if old is not None and old.exists() and not out.exists():
                 old.rename(out)  # put the earlier results back
+            _remove_empty(made)  # a failed save leaves no empty results/ behind
             raise
         if old is not None:
             try:
@@ -122,22 +125,103 @@ class RunResult:
 
     @classmethod
     def load(cls, out_dir: str | Path) -> RunResult:
-        from sim.errors import CbsimError
+        """Read a results folder back. A missing, truncated or corrupt file is one
+        :class:`CbsimError` naming it and how to write it again, never a pyarrow or json crash."""
+        from sim.errors import CbsimError, ScenarioError
         from sim.scenario.schema import load_scenario
 
         d = Path(out_dir)
+        if not d.is_dir():
+            raise CbsimError(f"{d} is not a folder: give the results folder of a run "
+                             "(`cbsim run SCENARIO --out DIR` writes one)")
         missing = [f for f in RESULT_FILES if not (d / f).exists()]
         if missing:
             raise CbsimError(f"{d} is not a cbsim results folder: missing {', '.join(missing)} "
                              "(make one with `cbsim run SCENARIO --out DIR`)")
-        summary = json.loads((d / "summary.json").read_text())
+        rerun = (f"a re-run writes it again: cbsim run {d / 'scenario.yaml'} --out {d} (the resolved scenario "
+                 f"the folder was written from)")
+        try:
+            scenario = load_scenario(d / "scenario.yaml")
+        except ScenarioError as exc:
+            raise CbsimError(f"{exc}; a re-run writes it again: cbsim run SCENARIO --out {d}, with the "
+                             f"scenario it was run from") from None
+        summary = _read_summary(d / "summary.json", rerun)
         return cls(
-            scenario=load_scenario(d / "scenario.yaml"),
-            requests=pd.read_parquet(d / "requests.parquet"),
-            steps=pd.read_parquet(d / "steps.parquet"),
+            scenario=scenario,
+            requests=_read_frame(d / "requests.parquet", _request_columns(), rerun),
+            steps=_read_frame(d / "steps.parquet", _step_columns(), rerun),
             summaries=summary["policies"],
-            meta=summary.get("meta", {}),
+            meta=summary.get("meta") or {},
         )
+
+
+def _read_summary(path: Path, rerun: str) -> dict:
+    """summary.json: ``{"policies": {label: {...}}, "meta": {label: {...}}}``, shape checked."""
+    from sim.errors import CbsimError
+    from sim.user_files import Fields, read_json
+
+    try:
+        data = read_json(path, "results summary")
+    except CbsimError as exc:
+        raise CbsimError(f"{path} is unreadable: {str(exc).removeprefix(f'{path}: ')}; {rerun}") from None
+    f = Fields(path)
+    try:
+        policies = f.items(f.get(data, "policies", "", dict), "policies", dict)
+        if not policies:
+            raise f.fail("policies", "is empty: no policy's summary")
+        for label, s in policies:
+            for key in ("utilization",):
+                f.get(s, key, f"policies.{label}", dict, {})
+            f.get(s, "kv_waste", f"policies.{label}", float, None)
+        for label, m in f.items(f.get(data, "meta", "", dict, {}), "meta", dict):
+            f.get(m, "max_slots", f"meta.{label}", float, None)
+            f.get(m, "policy", f"meta.{label}", str, None)
+    except CbsimError as exc:
+        raise CbsimError(f"{exc}; {rerun}") from None
+    return data
+
+
+def _read_frame(path: Path, columns: dict[str, bool], rerun: str) -> pd.DataFrame:
+    """A parquet file of the folder, with the columns the plots read (name -> numeric?)."""
+    import pyarrow
+
+    from sim.errors import CbsimError
+
+    try:
+        frame = pd.read_parquet(path)
+    except (pyarrow.ArrowException, OSError, ValueError) as exc:  # a truncated or foreign file
+        reason = str(exc).split(". ")[0].split(": ")[-1][:120] or type(exc).__name__
+        raise CbsimError(f"{path} is unreadable ({reason}); {rerun}") from None
+    absent = [c for c in columns if c not in frame.columns]
+    if absent:
+        raise CbsimError(f"{path} lacks the column(s) {', '.join(absent[:5])}; it was not written by this "
+                         f"cbsim; {rerun}")
+    wrong = [c for c, numeric in columns.items() if numeric and not pd.api.types.is_numeric_dtype(frame[c])]
+    if wrong:
+        raise CbsimError(f"{path}: column(s) {', '.join(wrong[:5])} are not numbers; {rerun}")
+    return frame
+
+
+def _request_columns() -> dict[str, bool]:
+    from sim.metrics.recorder import REQUEST_COLUMNS
+
+    text = ("id", "state", "reason", "policy")
+    return {c: c not in text for c in ("policy", *REQUEST_COLUMNS) if c != "token_times_s"}
+
+
+def _step_columns() -> dict[str, bool]:
+    from sim.metrics.steps import STEP_COLUMNS
+
+    return {"policy": False, **{c: True for c in STEP_COLUMNS}}
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed save created (deepest first), where they are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or already gone
+            return
 
 
 RESULT_FILES = ("requests.parquet", "steps.parquet", "summary.json", "scenario.yaml")

@@ -37,8 +37,9 @@ def policy_knobs(scn: Scenario, entry) -> dict:
     (``engine.enable_prefix_caching``) when the entry does not set them itself."""
     knobs = dict(entry.knobs())
     cls = POLICIES[entry.name]
-    if "enable_prefix_caching" in cls.KNOBS and "enable_prefix_caching" not in knobs:
-        knobs["enable_prefix_caching"] = scn.engine.enable_prefix_caching
+    caching = scn.engine.enable_prefix_caching  # null: the policy's own default (on in vllm-v1)
+    if "enable_prefix_caching" in cls.KNOBS and "enable_prefix_caching" not in knobs and caching is not None:
+        knobs["enable_prefix_caching"] = caching
     return knobs
 
 
@@ -80,8 +81,9 @@ def backlog(requests: pd.DataFrame, end_s: float | None) -> dict:
 
 def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None] | None = None):
     """Simulate one policy entry of a resolved scenario; returns (requests, steps, summary, meta)."""
-    scn, limits, gpu = dep.scenario, dep.limits, dep.gpu
+    scn, gpu = dep.scenario, dep.gpu
     knobs = policy_knobs(scn, entry)
+    limits = dep.limits_for(entry.name, knobs)  # unset batch limits: this policy's engine defaults
     replicas = [(make_policy(entry.name, limits, **knobs), dep.latency()) for _ in range(dep.replicas)]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
@@ -98,22 +100,56 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         "kv_blocks_total": pol.kv_blocks_total(),
         "cpu_blocks_total": limits.num_cpu_blocks,
         "block_size": limits.block_size,
+        "max_num_seqs": limits.max_num_seqs,
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
         "latency": replicas[0][1].name,
         "swap_s_per_block": replicas[0][1].swap_time(1),
     }
     summary = summarize(
         requests, steps,
-        max_slots=pol.max_slots * scn.replicas.count,
-        token_budget=meta["token_budget"] * scn.replicas.count if meta["token_budget"] else None,
-        kv_blocks_total=meta["kv_blocks_total"] * scn.replicas.count,
-        peak_flops=gpu.peak_flops * scn.replicas.count,
-        hbm_bandwidth=gpu.hbm_bandwidth * scn.replicas.count,
+        max_slots=pol.max_slots * dep.replicas,
+        token_budget=meta["token_budget"] * dep.replicas if meta["token_budget"] else None,
+        kv_blocks_total=meta["kv_blocks_total"] * dep.replicas,
+        peak_flops=gpu.peak_flops * dep.replicas,
+        hbm_bandwidth=gpu.hbm_bandwidth * dep.replicas,
         slo=scn.slo,
-        num_replicas=scn.replicas.count,
+        num_replicas=dep.replicas,
+        kv_tokens_per_replica=meta["kv_blocks_total"] * limits.block_size,
         # ITL from the recorder's runs of token times (sim.metrics.recorder): the same order statistics
         # without a list of every gap (and runs too large to keep token times in memory have none)
         itl=recorder.itl_stats(),
     )
+    summary.update(end_report(requests, end_s, capped))
+    summary["communication"] = communication_report(dep, replicas[0][1], steps)
+    return requests, steps, summary, meta
+
+
+def communication_report(dep: Deployment, latency, steps: pd.DataFrame) -> dict:
+    """The parallel layout and the time its collectives took (``comm_s``: summed over every step
+    of every replica; ``comm_share``: of all step time). Null times where the latency source does
+    not separate communication (constant; a table folds it into its components)."""
+    hw = dep.scenario.hardware
+    out = {"tensor_parallel": hw.tensor_parallel, "data_parallel": hw.data_parallel,
+           "expert_parallel": hw.expert_parallel, "comm_s": None, "comm_share": None}
+    seconds = getattr(latency, "comm_seconds", None)
+    if seconds is None or steps.empty:
+        return out
+    comm = float(seconds(steps["batch_tokens"].to_numpy()).sum())
+    busy = float(steps["duration_s"].sum())
+    out["comm_s"] = comm
+    out["comm_share"] = comm / busy if busy > 0 else 0.0
+    return out
+
+
+def run_disaggregation(scn: Scenario, specs, on_progress: Callable[[int], None] | None = None):
+    """Simulate the scenario's ``disaggregation`` section (sim.disaggregation); returns
+    (requests, steps, summary, meta) as :func:`run_policy` does."""
+    from sim.disaggregation.run import run_disaggregated
+
+    end_s, capped = time_limit(scn, specs)
+    requests, steps, summary, meta, _ = run_disaggregated(
+        scn, specs, knobs_of=policy_knobs, end_s=end_s, on_progress=on_progress,
+        horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
     summary.update(end_report(requests, end_s, capped))
     return requests, steps, summary, meta
 
@@ -155,6 +191,8 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
         from sim.errors import CbsimError, nearest
 
         known = [e.label or e.name for e in scn.policies]
+        if scn.disaggregation is not None:
+            known.append(scn.disaggregation.name)
         for label in policies:
             if label not in known:
                 raise CbsimError(f"--policy {label!r} is not in the scenario{nearest(label, known)}; "
@@ -162,12 +200,18 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
     specs = build_workload(scn)
     dep = resolve(scn)
     req_frames, step_frames, summaries, meta = [], [], {}, {}
-    bar = _progress(progress, len(specs) * len(entries))
+    dis = scn.disaggregation
+    with_dis = dis is not None and (policies is None or dis.name in policies)
+    runs = len(entries) + with_dis
+    bar = _progress(progress, len(specs) * runs)
     with bar as tracker:
-        for i, entry in enumerate(entries):
-            label = entry.label or entry.name
-            tick = tracker.ticker(f"{label} (policy {i + 1} of {len(entries)})") if tracker else None
-            requests, steps, summary, m = run_policy(dep, entry, specs, tick)
+        for i, entry in enumerate([*entries, *([dis] if with_dis else [])]):
+            label = dis.name if entry is dis else entry.label or entry.name
+            tick = tracker.ticker(f"{label} (policy {i + 1} of {runs})") if tracker else None
+            if entry is dis:
+                requests, steps, summary, m = run_disaggregation(scn, specs, tick)
+            else:
+                requests, steps, summary, m = run_policy(dep, entry, specs, tick)
             if tracker:
                 tracker.flush()
             requests.insert(0, "policy", label)
@@ -198,9 +242,17 @@ class _RichProgress:
 
     def __init__(self, total: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Column
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("requests, all policies"), TimeElapsedColumn(), transient=False)
+        # On a narrow terminal the label is cut (ellipsis) and the bar shrinks; the count never is:
+        # "2000/20..." reads as a wrong total.
+        count = len(f"{total}/{total}")
+        self.progress = Progress(
+            TextColumn("{task.description}", table_column=Column(overflow="ellipsis", no_wrap=True, ratio=1)),
+            BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=10)),
+            MofNCompleteColumn(table_column=Column(no_wrap=True, min_width=count)),
+            TextColumn("requests", table_column=Column(no_wrap=True, min_width=8)),
+            TimeElapsedColumn(table_column=Column(no_wrap=True, min_width=7)), transient=False)
         self.task = None
         self.total = total
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from policies.base import EngineLimits, Request, emit_tokens
 from policies.registry import make_policy
 from sim.engine import Simulation
+from sim.hardware.models import ModelSpec
 from sim.latency.constant import ConstantLatency
 from sim.metrics.summary import summarize
 from sim.workload.request_spec import RequestSpec
@@ -21,6 +22,9 @@ FAKE_MODEL = SimpleNamespace(
     weight_bytes=lambda tp=1: 1_000_000 // tp,
     flops_per_token=lambda tp=1: 2_000_000 / tp,
 )
+# The fake's shapes as a real model spec, for backends that price each operator (the roofline).
+FAKE_SPEC = ModelSpec("fake", FAKE_MODEL.num_layers, FAKE_MODEL.hidden_size, FAKE_MODEL.num_heads,
+                      FAKE_MODEL.num_kv_heads, FAKE_MODEL.head_dim, 172, 1000)
 FAKE_GPU = SimpleNamespace(name="fake", peak_flops=1e12, hbm_bandwidth=1e11, pcie_bandwidth=1e9,
                            memory_bytes=10**10)
 
@@ -157,3 +161,23 @@ def wall_clock_limit(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """``cbsim ARGS`` in this process through the real entry point (``sim.cli.main.main``), so a test
+    sees exactly what a user sees; returns (exit code, stdout, stderr)."""
+    import sys
+
+    from sim.cli import main as entry
+
+    old = sys.argv
+    sys.argv = ["cbsim", *map(str, args)]
+    try:
+        entry.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -82,9 +82,9 @@ def test_mfu_counts_useful_flops_not_static_padding():
     from policies.base import StepPlan
     from sim.latency.base import step_shape
     from sim.latency.roofline import RooflineLatency
-    from tests.helpers import FAKE_GPU, FAKE_MODEL
+    from tests.helpers import FAKE_GPU, FAKE_SPEC
 
-    lat = RooflineLatency(FAKE_MODEL, FAKE_GPU, 1, 16)
+    lat = RooflineLatency(FAKE_SPEC, FAKE_GPU, 1, 16)
     useful, padded = StepPlan(), StepPlan()
     for plan in (useful, padded):
         plan.add(Request("a", 0.0, 8, 8), 1, 40)

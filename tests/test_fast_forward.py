@@ -31,7 +31,7 @@ from sim.latency.roofline import RooflineLatency
 from sim.metrics.recorder import weighted_stats
 from sim.metrics.summary import PERCENTILES, stats, summarize
 from sim.workload.request_spec import RequestSpec
-from tests.helpers import FAKE_GPU, FAKE_MODEL
+from tests.helpers import FAKE_GPU, FAKE_MODEL, FAKE_SPEC
 
 MODEL, GPU = get_model("llama-3-8b"), get_gpu("h200")
 
@@ -64,7 +64,8 @@ def latency(kind: str, block_size: int):
     if kind == "roofline":
         return RooflineLatency(MODEL, GPU, 1, block_size)
     if kind == "fake-roofline":
-        return RooflineLatency(FAKE_MODEL, FAKE_GPU, 1, block_size)
+        # the per-operator roofline needs a real spec: the fake model's shapes as a ModelSpec
+        return RooflineLatency(FAKE_SPEC, FAKE_GPU, 1, block_size)
     return ConstantLatency(0.25, FAKE_MODEL, FAKE_GPU, 1, block_size)
 
 

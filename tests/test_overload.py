@@ -119,7 +119,8 @@ def test_vllm_v1_priority_ties_can_livelock_and_the_cap_ends_it():
         "engine": {"block_size": 4, "num_gpu_blocks": 16, "max_num_seqs": 4, "max_num_batched_tokens": 256,
                    "max_model_len": 256},
         "policies": [{"name": "vllm-v1", "scheduling_policy": "priority", "long_prefill_token_threshold": 1,
-                      "scheduler_reserve_full_isl": False, "enable_chunked_prefill": False}],
+                      "scheduler_reserve_full_isl": False, "enable_chunked_prefill": False,
+                      "enable_prefix_caching": False}],  # cached blocks would let the victim resume
     }
     s = run(scn).summaries["vllm-v1"]
     assert s["steps"] <= DEFAULT_DRAIN_S / 10.0  # the cap bounds the work: one 10 s step at a time

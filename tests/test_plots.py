@@ -116,10 +116,12 @@ def test_write_all_on_the_seed_toy(toy, tmp_path):
 
 def test_write_all_on_a_paged_run(paged, tmp_path):
     written = write_all(paged, tmp_path)
-    assert sorted(p.name for p in written) == sorted(FILES.values())
+    # capacity.png needs the saturated blocks `cbsim run` measures (test_capacity_figure_*)
+    assert sorted(p.name for p in written) == sorted(v for k, v in FILES.items() if k != "capacity")
     assert png_size("timeline", paged) == (1200, 2100)  # taller: six policies
     for key, name in FILES.items():
-        check_png(tmp_path / name, png_size(key, paged), expected_colours(paged, key))
+        if key != "capacity":
+            check_png(tmp_path / name, png_size(key, paged), expected_colours(paged, key))
 
 
 def test_timeline_only_for_small_runs(toy, tmp_path):
@@ -154,12 +156,77 @@ def test_run_result_forwards_plot_methods(toy):
 
 
 def test_a_policy_keeps_its_colour_across_figures(paged):
-    util_lines = paged.plot_utilization().axes[0].get_lines()
+    util_axes = paged.plot_utilization().axes
     kv_axes = paged.plot_kv().axes
     for i, label in enumerate(paged.labels):
-        assert to_hex(util_lines[i].get_color()) == policy_colors(paged.labels)[label].lower()
-        assert to_hex(kv_axes[i].get_lines()[0].get_color()) == to_hex(util_lines[i].get_color())
+        batch_line = util_axes[i].get_lines()[0]
+        assert to_hex(batch_line.get_color()) == policy_colors(paged.labels)[label].lower()
+        assert to_hex(kv_axes[i].get_lines()[0].get_color()) == to_hex(batch_line.get_color())
         assert kv_axes[i].get_title(loc="left").startswith(label)
+        assert util_axes[i].get_title(loc="left").startswith(label)
+
+
+def test_utilization_is_one_panel_per_policy_on_shared_axes(paged):
+    """Six policies: six panels (small multiples), one batch curve each, the same y range, and the
+    memory bound drawn where the summary puts it."""
+    fig = paged.plot_utilization()
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == len(paged.labels) == 6
+    assert len({ax.get_ylim() for ax in axes}) == 1 and len({ax.get_xlim() for ax in axes}) == 1
+    for ax, label in zip(axes, paged.labels):
+        steps = paged.steps[paged.steps["policy"] == label]
+        _, y = ax.get_lines()[0].get_data()
+        assert np.nanmax(y) == steps["num_seqs"].max()
+        hlines = {round(float(line.get_ydata()[0]), 6) for line in ax.get_lines()[2:]}
+        assert round(paged.summaries[label]["memory_sequences"], 6) in hlines
+        assert paged.meta[label]["max_slots"] in hlines
+
+
+def saturated_fixture(result) -> RunResult:
+    """``result`` with the saturated blocks `cbsim run` would attach (figures made up, distinct)."""
+    summaries = {lbl: dict(s) for lbl, s in result.summaries.items()}
+    for i, lbl in enumerate(result.labels):
+        summaries[lbl]["saturated"] = {"rps": 2.0 + 3 * i, "vs_static": (2.0 + 3 * i) / 2.0, "burst_requests": 40,
+                                       "window_s": [0.1, 1.0], "mean_batch": 4.0 + i, "batch_vs_memory": 0.1 * (i + 1),
+                                       "kv_written": 0.08 * (i + 1), "kv_waste": 0.5, "mfu": 0.05, "mbu": 0.3}
+    return RunResult(result.scenario, result.requests, result.steps, summaries, result.meta)
+
+
+def test_capacity_figure_only_with_saturated_blocks(toy, tmp_path):
+    from sim.plots import plot_capacity
+
+    assert plot_capacity(toy) is None
+    sat = saturated_fixture(toy)
+    fig = plot_capacity(sat)
+    ax_rate, ax_util = fig.axes[:2]
+    heights = [p.get_height() for p in ax_rate.patches]
+    assert heights == [2.0, 5.0]  # one bar per policy: its saturated throughput
+    texts = " ".join(t.get_text() for t in ax_rate.texts)
+    assert "2.5x static" in texts and fig.get_suptitle().startswith("Continuous batching serves 2.5x")
+    util = [round(p.get_height(), 6) for p in ax_util.patches]
+    assert util[:4] == [10.0, 8.0, 5.0, 30.0]  # static: batch vs memory, KV written, MFU, MBU (%)
+    written = write_all(sat, tmp_path)
+    assert tmp_path / FILES["capacity"] in written
+    check_png(tmp_path / FILES["capacity"], png_size("capacity", sat), expected_colours(sat, "capacity"))
+
+
+def test_cbsim_plot_redraws_the_capacity_figure_from_summary_json(toy, tmp_path):
+    folder = saturated_fixture(toy).save(tmp_path / "sat", plots=False)
+    res = CliRunner().invoke(app, ["plot", str(folder)])
+    assert res.exit_code == 0, res.output
+    assert (folder / FILES["capacity"]).exists()
+    assert RunResult.load(folder).summaries["orca"]["saturated"]["rps"] == 5.0
+
+
+def test_cbsim_plot_says_why_it_drew_no_timeline(paged, tmp_path):
+    folder = paged.save(tmp_path / "p", plots=False)
+    res = CliRunner().invoke(app, ["plot", str(folder), "--max-requests", "20"], terminal_width=300)
+    assert res.exit_code == 0, res.output
+    assert not (folder / FILES["timeline"]).exists()
+    lines = [ln for ln in res.output.splitlines() if "timeline.png not written" in ln]
+    assert len(lines) == 1 and "30 requests per policy" in lines[0] and "--max-requests 20" in lines[0]
+    res = CliRunner().invoke(app, ["plot", str(folder), "--max-requests", "30"], terminal_width=300)
+    assert "not written" not in res.output and (folder / FILES["timeline"]).exists()
 
 
 def test_kv_marks_every_preempting_step(paged):

@@ -78,7 +78,8 @@ def test_vllm_v1_makes_every_recorded_decision(name):
     c = log.config
     policy = VllmV1Policy(EngineLimits(block_size=c.block_size, num_gpu_blocks=c.num_gpu_blocks,
                                        max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
-                                       max_model_len=c.max_model_len))
+                                       max_model_len=c.max_model_len),
+                          enable_prefix_caching=c.enable_prefix_caching)  # the log's own setting
     pending = sorted(log.requests, key=lambda r: r.arrival_s)
     k = 0
     for i, step in enumerate(log.steps):

@@ -245,7 +245,7 @@ def test_knobs_are_documented_and_validated():
         "watermark": 0.0,
         "long_prefill_token_threshold": 0,
         "scheduling_policy": "fcfs",
-        "enable_prefix_caching": False,
+        "enable_prefix_caching": True,  # on by default, as in vLLM V1
         "scheduler_reserve_full_isl": True,
         "enable_chunked_prefill": True,
     }

@@ -7,6 +7,11 @@ source is one function below; the command checks that exactly one was chosen and
   cbsim predicts the engine a user actually runs, on their hardware.
 - ``--model ID --device cpu|cuda``: measure it on a device with real forward passes of the model
   (random weights) over a paged KV cache (``calib.profile.calibrate``; needs torch: ``pip install -e .[calib]``).
+- ``--from-llmservingsim BUNDLE [--tp N]``: compose it from an LLMServingSim profile bundle
+  (per-layer kernel times measured inside vLLM on a GPU; ``calib.sources.llmservingsim``).
+- ``--from-kernel-db --gpu GPU --model MODEL``: compose it from NVIDIA AIConfigurator's published
+  kernel measurements (``calib.sources.kernel_db``; needs ``pip install 'cbsim[gpu-data]'``), so a
+  GPU nobody lent us still gets a measured clock.
 
 torch is imported only inside the device path, so ``cbsim`` itself never needs it.
 """
@@ -25,11 +30,35 @@ def calibrate_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="latency table folder to write (table.csv + metadata.json)"),
     from_steplog: Path = typer.Option(None, "--from-steplog",
                                       help="fit to a recorded engine run (step log JSON, format: sim/recorded/steplog.py)"),
-    model: str = typer.Option(None, "--model", "-m", help="measure this model (id, e.g. tiny, llama-3-8b) on --device"),
+    from_run: Path = typer.Option(None, "--from-run",
+                                  help="fit to a request-level run with every token's time (from `cbsim observe`; "
+                                       "format: sim/recorded/request_run.py)"),
+    iteration_log: Path = typer.Option(None, "--iteration-log",
+                                       help="with --from-run: the server's log with vLLM's "
+                                            "--enable-logging-iteration-details (exact step compositions and times)"),
+    model: str = typer.Option(None, "--model", "-m", help="measure this model (id, e.g. tiny, llama-3-8b) on --device; "
+                                                          "with --from-kernel-db also ORG/NAME or a config.json path"),
+    from_llmservingsim: Path = typer.Option(None, "--from-llmservingsim",
+                                            help="compose the table from an LLMServingSim profile bundle (a folder "
+                                                 "with meta.yaml and tp<N>/; --tp picks the degree)"),
+    allreduce_gbps: float = typer.Option(None, "--allreduce-gbps",
+                                         help="with --from-llmservingsim --tp > 1: the GPUs' all-reduce bus "
+                                              "bandwidth in GB/s (a bundle holds no all-reduce times)"),
+    from_kernel_db: bool = typer.Option(False, "--from-kernel-db",
+                                        help="compose the table from NVIDIA AIConfigurator's kernel database "
+                                             "(needs --gpu and --model; pip install 'cbsim[gpu-data]')"),
+    gpu: str = typer.Option(None, "--gpu", help="with --from-kernel-db: h100-sxm, h200, a100-80gb, l40s, b200, "
+                                                "rtx-pro-6000 (or AIConfigurator's system names)"),
+    engine: str = typer.Option("vllm", "--engine", help="with --from-kernel-db: the engine the kernels were measured "
+                                                        "in: vllm, sglang or trtllm"),
+    engine_version: str = typer.Option(None, "--engine-version",
+                                       help="with --from-kernel-db: the engine version's measurements (default: "
+                                            "the database's current one, e.g. vllm 0.24.0)"),
     device: str = typer.Option("cpu", "--device", help="with --model: cpu or cuda"),
-    tp: int = typer.Option(1, "--tp", help="with --model: tensor-parallel degree (one shard is timed; all-reduces "
-                                           "are not included)"),
-    dtype: str = typer.Option(None, "--dtype", help="with --model: fp32, bf16 or fp16 (default: the model's)"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel degree (with --model one shard is timed, without "
+                                           "all-reduces; with --from-llmservingsim the bundle's tp<N>/)"),
+    dtype: str = typer.Option(None, "--dtype", help="with --model: fp32, bf16 or fp16 (default: the model's); with "
+                                            "--from-kernel-db: bf16, fp16 or fp8"),
     block_size: int = typer.Option(16, "--block-size", help="with --model: tokens per KV block"),
     max_num_batched_tokens: int = typer.Option(None, "--max-num-batched-tokens",
                                                help="with --model: largest step (tokens) the grid covers "
@@ -59,7 +88,34 @@ def calibrate_cmd(
 ):
     """Make a latency table: fit one to an engine's step log, or measure one on a device."""
     from sim.errors import CbsimError
+    from sim.outputs import check_folder
 
+    check_folder(out, "the latency table")  # a file, an unwritable folder: refused before any measuring
+
+    if from_run is not None:  # a request-level run (cbsim observe)
+        if from_steplog is not None or from_llmservingsim is not None or from_kernel_db or model is not None:
+            raise CbsimError("give one source of measurements: --from-run RUN is used alone (with "
+                             "--iteration-log LOG), not with --from-steplog, --from-llmservingsim, "
+                             "--from-kernel-db or --model")
+        calibrate_from_run(from_run, iteration_log, out, heldout, seed)
+        return
+    if iteration_log is not None:
+        raise CbsimError("--iteration-log LOG goes with --from-run RUN (the observed run the log belongs to)")
+
+    if from_llmservingsim is not None:
+        if from_steplog is not None or from_kernel_db:
+            raise CbsimError("give one source of measurements: --from-llmservingsim, --from-kernel-db or "
+                             "--from-steplog, not several")
+        calibrate_from_llmservingsim(from_llmservingsim, out, tp=tp, model=model, allreduce_gbps=allreduce_gbps)
+        return
+    if from_kernel_db:
+        if from_steplog is not None:
+            raise CbsimError("give one source of measurements: --from-kernel-db or --from-steplog, not both")
+        calibrate_from_kernel_db(out, model=model, gpu=gpu, tp=tp, dtype=dtype, engine=engine,
+                                 engine_version=engine_version, block_size=block_size,
+                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                                 max_num_seqs=max_num_seqs)
+        return
     if from_steplog is not None and model is not None:
         raise CbsimError("give one source of measurements: --from-steplog FILE or --model ID --device cpu|cuda, "
                          "not both")
@@ -68,8 +124,9 @@ def calibrate_cmd(
         return
     if model is None:
         raise CbsimError("say where the measurements come from: --model ID --device cpu|cuda (measure the model "
-                         "on this machine), or --from-steplog FILE (a recorded engine run, e.g. "
-                         "../shared/reference/vllm-cpu-runs/fit.json)")
+                         "on this machine), --from-steplog FILE (a recorded engine run, e.g. "
+                         "../shared/reference/vllm-cpu-runs/fit.json), or --from-kernel-db --gpu GPU --model MODEL "
+                         "(published kernel measurements)")
     calibrate_on_device(
         out, model=model, device=device, tp=tp, dtype=dtype, block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -148,6 +205,59 @@ def calibrate_on_device(out: Path, *, model: str, device: str, tp: int, dtype: s
     console.print(f"table: {out}/ (table.csv, metadata.json)", highlight=False)
 
 
+def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, tp: int, dtype: str | None, engine: str,
+                             engine_version: str | None, block_size: int, max_num_batched_tokens: int | None,
+                             max_model_len: int | None, max_num_seqs: int | None) -> None:
+    from rich.console import Console
+
+    from calib.sources.kernel_db import build_table
+    from sim.errors import CbsimError
+    from sim.latency.table_format import write_table
+
+    if model is None or gpu is None:
+        raise CbsimError("--from-kernel-db needs --gpu GPU and --model MODEL, e.g. --from-kernel-db --gpu h100-sxm "
+                         "--model llama-3-8b")
+    limits = {k: v for k, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len),
+                                ("max_num_seqs", max_num_seqs)) if v is not None}
+    comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
+                       block_size=block_size, **limits)
+    write_table(out, comp.table)
+    meta, t = comp.table.metadata, comp.table
+    prov, err = meta["provenance"], meta["heldout_error"]
+    console = Console()
+    console.print(f"{meta['model']['name']} on {meta['device']} (tp {meta['tensor_parallel']}, {meta['dtype']}): "
+                  f"kernels measured in {prov['engine']} {prov['engine_version']} by {prov['package']} "
+                  f"{prov['package_version']}", highlight=False, markup=False)
+    lin = t.components["linear"]
+    axis = list(lin.axes[0])
+    ref = 1024 if 1024 in axis else int(axis[len(axis) // 2])
+    console.print(f"linear({ref} tokens) {float(lin.values[axis.index(ref)]) * 1e3:.3f} ms; agreement with "
+                  f"{prov['package']}'s own step predictions on {err['n']} steps: mean |rel| "
+                  f"{err['mean_abs_rel']:.1%}, p90 {err['p90_abs_rel']:.1%}", highlight=False, markup=False)
+    console.print(f"table: {out}/ (table.csv, metadata.json)", highlight=False, markup=False)
+
+
+def calibrate_from_llmservingsim(bundle: Path, out: Path, *, tp: int, model: str | None,
+                                 allreduce_gbps: float | None) -> None:
+    from rich.console import Console
+
+    from calib.sources.llmservingsim import calibrate_from_bundle
+
+    table = calibrate_from_bundle(bundle, out, tp=tp, model=model, allreduce_gbps=allreduce_gbps)
+    meta = table.metadata
+    lin = table.components["linear"]
+    axis = list(lin.axes[0])
+    ref = 1024 if 1024 in axis else int(axis[-1])
+    console = Console()
+    console.print(f"{meta['model']['name']} on {meta['device']} (tp {meta['tensor_parallel']}, {meta['dtype']}): "
+                  f"per-layer kernels measured in vLLM {meta['engine']['version']} (LLMServingSim bundle)",
+                  highlight=False, markup=False)
+    console.print(f"linear({ref} tokens) {float(lin.values[axis.index(ref)]) * 1e3:.3f} ms, decode skew alpha "
+                  f"{meta['decode_skew_alpha']:g}; modelled, not measured: see metadata.json fit.modelled",
+                  highlight=False, markup=False)
+    console.print(f"table: {out}/ (table.csv, metadata.json)", highlight=False, markup=False)
+
+
 def calibrate_from_steplog(path: Path, out: Path, heldout: float, seed: int) -> None:
     from rich.console import Console
 
@@ -173,4 +283,26 @@ def calibrate_from_steplog(path: Path, out: Path, heldout: float, seed: int) -> 
             m = err["mixed"]
             line += f"; mixed prefill+decode steps ({m['n']}): mean |rel| {m['mean_abs_rel']:.1%}"
         console.print(line, highlight=False)
+    console.print(f"table: {out}/ (table.csv, metadata.json)", highlight=False)
+
+
+def calibrate_from_run(run: Path, iteration_log: Path | None, out: Path, heldout: float, seed: int) -> None:
+    """Fit a table to an observed run's steps (:mod:`sim.recorded.run_steps`) with the step-log fitter."""
+    from rich.console import Console
+
+    from sim.latency.table_format import write_table
+    from sim.recorded.run_steps import fit_run
+
+    console = Console()
+    result, log = fit_run(run, iteration_log, heldout_fraction=heldout, seed=seed)
+    write_table(out, result.table)
+    t = result.table
+    console.print(f"run {run}: {len(log.requests)} requests, {len(log.steps)} steps from {log.format}",
+                  highlight=False, markup=False)
+    console.print(f"fitted on {result.train_steps} steps: overhead {t.scalar('overhead') * 1e3:.3f} ms, "
+                  f"step gap {t.scalar('step_gap') * 1e3:.3f} ms", highlight=False)
+    err = result.heldout
+    if err["n"]:
+        console.print(f"held-out error on {err['n']} steps: mean |rel| {err['mean_abs_rel']:.1%}, p90 |rel| "
+                      f"{err['p90_abs_rel']:.1%}, bias of the sum {err['sum_rel']:+.1%}", highlight=False)
     console.print(f"table: {out}/ (table.csv, metadata.json)", highlight=False)

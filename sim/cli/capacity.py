@@ -1,4 +1,6 @@
-"""``cbsim capacity X.yaml``: per policy, the highest arrival rate that meets the SLO."""
+"""``cbsim capacity X.yaml``: per policy, the highest arrival rate that meets the SLO; a scenario's
+disaggregated entry (``disaggregation.label``) gets a row of its own, its whole topology searched
+as one unit."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ def capacity_cmd(
     backend: shared.BackendOpt = "local",
     ray_address: shared.RayAddressOpt = None,
 ):
-    """Find each policy's capacity: bracketing and bisection over the arrival rate, to --tolerance."""
+    """Find each policy's capacity (and the disaggregated topology's): bracketing and bisection over the
+    arrival rate, to --tolerance."""
     from rich.console import Console
     from rich.table import Table
 
@@ -29,32 +32,56 @@ def capacity_cmd(
 
     console = Console()
     scn = shared.load(scenario, set_)
+    shared.check_json(json_out)  # before the search: a bad path must not cost it
     with console.status(f"searching capacity to ±{tolerance:.1%} ..."):
         results = capacity(scn, policies=policy or None, tolerance=tolerance, workers=workers,
                            backend=backend, ray_address=ray_address)
     slo = scn.slo
     bounds = ", ".join(f"{k.removesuffix('_s').upper()} ≤ {getattr(slo, k):g} s"
                        for k in ("ttft_s", "tpot_s", "e2e_s") if getattr(slo, k) is not None)
-    t = Table(title=f"{scn.name}: capacity under p{slo.percentile:g} {bounds} "
-                    f"({scn.workload.num_requests} requests per run)", header_style="bold")
-    for c in ("policy", "max rate (req/s)", "goodput there (req/s)", "throughput (req/s)",
-              f"violated at +{tolerance:.0%}", "runs"):
+    t = Table(title=f"{scn.name}: steady-state capacity under p{slo.percentile:g} {bounds}", header_style="bold")
+    for c in ("policy", "GPUs", "max rate (req/s)", "offered / achieved there", "goodput there (req/s)",
+              "saturated (req/s)", f"violated at +{tolerance:.0%}", "probe requests", "runs"):
         t.add_column(c, justify="left" if c == "policy" else "right")
     notes = []
     for label, r in results.items():
-        t.add_row(label, f"{r.rate_rps:.4g}", f"{r.goodput_rps:.4g}", f"{r.throughput_rps:.4g}",
-                  f"{r.violating_rate_rps:.4g}", str(r.runs))
-        if not r.monotone:
-            notes.append(f"{label}: a run at {r.rate_rps * (1 - tolerance):.4g} req/s (−{tolerance:.0%}) violates "
-                         f"the SLO although {r.rate_rps:.4g} meets it: the meets-SLO curve is not monotone here")
-        if r.min_requests is not None and r.num_requests < r.min_requests:
-            notes.append(f"{label}: {r.num_requests} requests are too few for ±{tolerance:.0%} at this rate "
-                         f"(about {r.min_requests} needed): a short run hides an overload, so this is the "
-                         f"capacity for bursts of {r.num_requests}; raise workload.num_requests")
+        t.add_row(f"{label} (disaggregated)" if r.disaggregated else label, "-" if r.gpus is None else str(r.gpus), f"{r.rate_rps:.4g}", f"{_rate(r.offered_rps)} / {_rate(r.achieved_rps)}",
+                  f"{r.goodput_rps:.4g}", _rate(r.saturated_rps), f"{r.violating_rate_rps:.4g}",
+                  f"{r.probe_requests:,}", str(r.runs))
+        notes += capacity_notes(label, r, tolerance)
     console.print(t)
-    console.print(f"each rate meets the SLO and was simulated; so was rate × {1 + tolerance:g}, which violates it",
-                  highlight=False)
+    console.print(steady_rule_line(scn.workload.num_requests), highlight=False)
+    if scn.replicas.count > 1 or any(r.disaggregated for r in results.values()):
+        console.print("saturated: one replica's burst finish rate × replicas.count (colocated); the burst's finish "
+                      "rate through the whole topology, prefill pool, links and decode pool (disaggregated)",
+                      highlight=False)
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
     shared.write_json(console, json_out, {"scenario": scn.name, "tolerance": tolerance,
                                           "policies": {k: v.to_dict() for k, v in results.items()}})
+
+
+def _rate(v) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def steady_rule_line(num_requests) -> str:
+    """How every figure above was measured (sim.metrics.steady, sim.planning.probe)."""
+    return ("steady state: latencies, goodput and offered/achieved rates are those of requests arriving after "
+            "warm-up and before drain (cut = max(10 % of the arrival span, median service time)); each probe "
+            f"doubles from {num_requests} requests until its window spans 10 service times and two sizes agree; "
+            "rates at or above the saturated throughput (all requests at once) violate without a run")
+
+
+def capacity_notes(label: str, r, tolerance: float) -> list[str]:
+    """Warnings a planner must read: a non-monotone boundary, probes whose verdict never settled."""
+    notes = []
+    if not r.monotone:
+        notes.append(f"{label}: a run at {r.rate_rps * (1 - tolerance):.4g} req/s (−{tolerance:.0%}) violates "
+                     f"the SLO although {r.rate_rps:.4g} meets it: the meets-SLO curve is not monotone here")
+    if not r.stable:
+        rates = ", ".join(f"{x:.4g}" for x in r.unstable_rates)
+        notes.append(f"{label}: the verdict at {rates} req/s still changed between the two largest probe sizes "
+                     f"(up to 32 × workload.num_requests): the answer is uncertain near there; raise "
+                     f"workload.num_requests")
+    return notes

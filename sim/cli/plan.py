@@ -21,6 +21,11 @@ def plan_cmd(
     workers: int = shared.workers_option("planned"),
     backend: shared.BackendOpt = "local",
     ray_address: shared.RayAddressOpt = None,
+    disaggregated: bool = typer.Option(False, "--disaggregated", help="plan the scenario's disaggregation "
+                                       "section: the cheapest xPyD split against its colocated policies on "
+                                       "the same GPUs (--max-replicas bounds each pool)"),
+    tp: str = typer.Option(None, "--tp", help="with --disaggregated: tensor-parallel sizes to try for each "
+                           "pool and the colocated layouts, e.g. 1,2,4 (default: as the scenario sets them)"),
 ):
     """Smallest number of replicas (with the scenario's router) meeting the SLO at --target-rate."""
     from rich.console import Console
@@ -30,6 +35,12 @@ def plan_cmd(
 
     console = Console()
     scn = shared.load(scenario, set_)
+    shared.check_json(json_out)  # before the search: a bad path must not cost it
+    if disaggregated or tp is not None:
+        from sim.cli.plan_disaggregated import print_disaggregated_plan
+
+        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out)
+        return
     with console.status(f"planning for {target_rate:g} req/s ..."):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
                      backend=backend, ray_address=ray_address)
@@ -40,27 +51,52 @@ def plan_cmd(
     cols = ["policy", "replicas", "GPUs", "GPU-h per h"]
     if price is not None:
         cols += ["cost per h", "cost per 1M req"]
-    cols += ["p99 TTFT s", "p99 TPOT ms", "runs"]
+    cols += ["offered/achieved", "p99 TTFT s", "p99 TPOT ms", "runs"]
     for c in cols:
         t.add_column(c, justify="left" if c == "policy" else "right")
     for label, p in plans.items():
         if p.replicas is None:
-            row = [label, f"> {p.max_replicas}", "-", "-"] + (["-", "-"] if price is not None else []) + ["-", "-"]
+            row = [label, f"> {p.max_replicas}", "-", "-"] + (["-", "-"] if price is not None else [])
+            row += ["-", "-", "-"]
         else:
-            s = p.summary
+            s = p.summary.get("steady") or {}
             row = [label, str(p.replicas), str(p.gpus), f"{p.gpu_hours_per_hour:g}"]
             if price is not None:
                 row += [f"{p.cost_per_hour:,.2f}", f"{p.cost_per_million_requests:,.2f}"]
-            row += [f"{s['ttft_s']['p99']:.3g}", f"{s['tpot_s']['p99'] * 1e3:.3g}"]
+            row += [f"{_num(p.offered_rps)} / {_num(p.achieved_rps)}", _num(s.get("ttft_s", {}).get("p99")),
+                    _num(s.get("tpot_s", {}).get("p99"), 1e3)]
         t.add_row(*row, str(p.runs))
     console.print(t)
-    for n in short_run_notes(scn, plans, target_rate):
+    for label, p in plans.items():
+        sat = "not measurable" if p.saturated_rps is None else f"{p.saturated_rps:.4g} req/s"
+        size = f"; verdict from runs of {p.probe_requests:,} requests" if p.probe_requests else ""
+        console.print(f"{label}: saturated throughput per replica {sat}{size}", highlight=False)
+    for n in plan_notes(plans):
         console.print(f"[yellow]note:[/] {n}", highlight=False)
-    console.print(f"replicas = fewest meeting the SLO (one fewer was simulated too, and violates it). GPUs = replicas × "
-                  f"hardware.count; cost = GPUs × cost_per_gpu_hour for each hour at {target_rate:g} req/s"
-                  + ("" if price is not None else " (set cost_per_gpu_hour for money figures)"), highlight=False)
+    console.print(f"replicas = fewest meeting the SLO in steady state (one fewer violates it: simulated, or each replica "
+                  f"would get more than its saturated throughput). Latencies and offered/achieved rates: requests "
+                  f"arriving after warm-up and before drain. GPUs = replicas × hardware.count; cost = GPUs × "
+                  f"cost_per_gpu_hour for each hour at {target_rate:g} req/s"
+                  + ("" if price is not None else " (set cost_per_gpu_hour for money figures)"), highlight=False,
+                  soft_wrap=True)
     shared.write_json(console, json_out, {"scenario": scn.name, "target_rate_rps": target_rate,
                                           "policies": {k: v.to_dict() for k, v in plans.items()}})
+
+
+def _num(v, scale: float = 1.0) -> str:
+    return "-" if v is None else f"{v * scale:.3g}"
+
+
+def plan_notes(plans) -> list[str]:
+    """One warning per policy whose verdict did not settle within the probe-size bound."""
+    notes = []
+    for label, p in plans.items():
+        if not p.stable:
+            counts = ", ".join(str(k) for k in p.unstable_counts)
+            notes.append(f"{label}: with {counts} replica(s) the verdict still changed between the two largest probe "
+                         "sizes (up to 32 × workload.num_requests): the count is uncertain; raise "
+                         "workload.num_requests")
+    return notes
 
 
 def short_run_notes(scn, plans, target_rate: float) -> list[str]:

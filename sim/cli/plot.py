@@ -21,7 +21,7 @@ def plot_cmd(
     max_requests: int = typer.Option(60, "--max-requests", min=1,
                                      help="draw the per-request timeline only up to this many requests per policy"),
 ):
-    """Regenerate the PNG plots of a results folder (utilization, KV, latency CDFs; timeline up to --max-requests; paged vs contiguous when both kinds ran)."""
+    """Regenerate the PNG plots of a results folder (utilization, KV, latency CDFs; timeline up to --max-requests; paged vs contiguous when both kinds ran; capacity when `cbsim run` measured saturated throughputs)."""
     from rich.console import Console
 
     from sim.errors import CbsimError
@@ -31,10 +31,15 @@ def plot_cmd(
     if not results_dir.is_dir():
         raise CbsimError(f"{results_dir} is not a folder: give the results folder of a run "
                          "(`cbsim run SCENARIO --out DIR` writes one)")
-    if out is not None and out.exists() and not out.is_dir():
-        raise CbsimError(f"--out {out} is a file; the plots are written into a folder: give a folder path")
+    from sim.outputs import check_folder
+
+    check_folder(out or results_dir, "the plots")  # a file, an unwritable folder: refused before reading
     result = RunResult.load(results_dir)
     written = write_all(result, out or results_dir, max_requests=max_requests)
     console = Console()
     for path in written:
         console.print(f"wrote {path}", highlight=False)
+    from sim.plots import skipped
+
+    for line in skipped(result, max_requests):
+        console.print(line, highlight=False, soft_wrap=True)

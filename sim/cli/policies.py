@@ -23,4 +23,24 @@ def policies_cmd():
             t.add_row(knob, repr(k.default), k.help)
         if not cls.KNOBS:
             t.add_row("-", "-", "no knobs: engine settings only (engine.max_num_seqs, ...)")
+        t.caption = engine_defaults_line(name, cls)
+        t.caption_justify = "left"
         console.print(t)
+
+
+def engine_defaults_line(name: str, cls) -> str:
+    """What ``engine.max_num_seqs`` / ``max_num_batched_tokens`` left unset mean for this policy,
+    per known GPU (at the default max_model_len), and where those defaults come from."""
+    from sim.hardware.gpus import GPUS
+    from sim.scenario.batch_limits import batch_limits
+    from sim.scenario.schema import load_scenario
+
+    values = {}
+    for gpu_id, gpu in GPUS.items():
+        scn = load_scenario({"hardware": {"gpu": gpu_id}, "policies": [{"name": name}]})
+        values.setdefault(batch_limits(scn, gpu, name), []).append(gpu_id)
+    if len(values) == 1:
+        return f"engine defaults (engine.max_num_seqs / max_num_batched_tokens unset): {cls.engine_defaults_source}"
+    per_gpu = "; ".join(f"{', '.join(ids)}: {s} / {t}" for (s, t), ids in values.items())
+    return (f"engine defaults (engine.max_num_seqs / max_num_batched_tokens unset): {per_gpu}; "
+            f"{cls.engine_defaults_source}")

@@ -42,12 +42,16 @@ def comparison_table(result):
         ("TPOT p50 / p99 (ms)", lambda s: f"{_fmt(s['tpot_s']['p50'], 1e3)} / {_fmt(s['tpot_s']['p99'], 1e3)}"),
         ("ITL p99 (ms)", lambda s: _fmt(s["itl_s"]["p99"], 1e3)),
         ("E2E p50 / p99 (s)", lambda s: f"{_fmt(s['e2e_s']['p50'])} / {_fmt(s['e2e_s']['p99'])}"),
-        ("slot utilization", lambda s: _pct(s["utilization"]["slots"])),
+        ("batch vs memory (of the seqs KV holds)", _batch_vs_memory),
+        ("KV holding written tokens", lambda s: _pct(s["utilization"].get("kv_written"))),
+        ("slot utilization (of its own max)", lambda s: _pct(s["utilization"]["slots"])),
         ("KV utilization", lambda s: _pct(s["utilization"]["kv"])),
         ("KV waste (reserved, unused)", lambda s: _pct(s["kv_waste"])),
         ("mean batch (sequences per step)", lambda s: _fmt(s["mean_batch"])),
         ("MFU / MBU", lambda s: f"{_pct(s['utilization']['mfu'])} / {_pct(s['utilization']['mbu'])}"),
+        ("steady state: offered / achieved (req/s)", _steady_rates),
         ("preemptions", lambda s: str(s["preemptions"])),
+        ("recomputed tokens", lambda s: str(s.get("recomputed_tokens", 0))),
         ("swapped blocks", lambda s: str(s["swapped_blocks"])),
         ("steps", lambda s: str(s["steps"])),
     ]
@@ -60,6 +64,18 @@ def comparison_table(result):
     for name, fn in rows:
         t.add_row(name, *[fn(result.summaries[label]) for label in result.labels])
     return t
+
+
+def _batch_vs_memory(s: dict) -> str:
+    v, mem = s["utilization"].get("batch_vs_memory"), s.get("memory_sequences")
+    return "-" if v is None else f"{_pct(v)} of {mem:,.0f}"
+
+
+def _steady_rates(s: dict) -> str:
+    st = s.get("steady") or {}
+    if st.get("offered_rps") is None:
+        return "- (run too short)"
+    return f"{_fmt(st['offered_rps'])} / {_fmt(st['achieved_rps'])}"
 
 
 def _ended(s: dict) -> str:
@@ -148,6 +164,14 @@ def run_cmd(
     console.print(comparison_table(result))
     for note in backlog_notes(result):
         console.print(f"[yellow]{note}[/]", highlight=False)
+    from sim.planning import story
+
+    if story.applies(result.scenario) and policy is None:  # static vs continuous: the capacity ratio
+        with console.status("measuring each policy's saturated throughput ..."):
+            saturated = story.measure(result.scenario)
+        story.attach(result, saturated)  # summary.json's `saturated` blocks: the capacity plot reads them
+        for line in story.story(result, saturated):
+            console.print(line, highlight=False)
     result.save(target, plots=not no_plots)
     shown = out or Path("results") / scn.name
     console.print(f"results: {shown}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"

@@ -31,10 +31,23 @@ def load(scenario: Path, set_: list[str] | None):
     return load_scenario(scenario, list(set_ or []))
 
 
+def check_json(path: Path | None) -> None:
+    """Refuse a ``--json`` path that cannot be written before the search starts, not after it."""
+    if path is not None:
+        from sim.outputs import check_file
+
+        check_file(path, "the results", "--json")
+
+
 def write_json(console, path: Path | None, payload: dict) -> None:
     """``--json PATH``: write ``payload`` there (making its folder) and say where."""
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    from sim.errors import CbsimError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+    except OSError as exc:  # the folder changed under the search: still one line
+        raise CbsimError(f"cannot write the results to {path}: {exc.strerror or exc}") from None
     console.print(f"results: {path}", highlight=False)

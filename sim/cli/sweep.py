@@ -43,22 +43,49 @@ def sweep_cmd(
 
 
 def sweep_table(table, scn):
+    """One row per point and policy: steady-state latencies (warm-up and drain left out; the whole
+    run's where a point's window is too short, marked *), offered vs achieved rate, the verdict."""
     from rich.table import Table
 
-    t = Table(title=f"{scn.name}: sweep", header_style="bold")
+    from sim.planning.sweep import steady_column, verdicts
+
+    t = Table(title=f"{scn.name}: sweep (steady state)", header_style="bold")
     extra = [c for c in table.columns[: list(table.columns).index("policy")] if c not in ("point", "key")]
     for c in extra:
         t.add_column(c, justify="right")
     t.add_column("policy")
-    for c in ("TTFT p50/p99 (ms)", "TPOT p50/p99 (ms)", "throughput (req/s)", "goodput (req/s)", "meets SLO"):
+    for c in ("TTFT p50/p99 (ms)", "TPOT p50/p99 (ms)", "offered / achieved (req/s)", "goodput (req/s)",
+              "meets SLO"):
         t.add_column(c, justify="right")
-    for _, row in table.iterrows():
-        t.add_row(*[_fmt(row[c]) for c in extra], str(row["policy"]),
-                  f"{_ms(row['ttft_s.p50'])} / {_ms(row['ttft_s.p99'])}",
-                  f"{_ms(row['tpot_s.p50'])} / {_ms(row['tpot_s.p99'])}",
-                  _fmt(row["throughput_rps"]), _fmt(row["goodput_rps"]),
-                  {True: "yes", False: "NO"}.get(_bool(row["slo_met"]), "-"))
+    cols = {name: steady_column(table, name) for name in ("ttft_s.p50", "ttft_s.p99", "tpot_s.p50", "tpot_s.p99",
+                                                          "goodput_rps")}
+    met = verdicts(table)
+    short = table["steady.too_short"] if "steady.too_short" in table else None
+    fmt = {c: _column_format(table[c]) for c in extra}
+    for i, row in table.iterrows():
+        mark = "*" if short is not None and bool(short[i]) else ""
+        t.add_row(*[fmt[c](row[c]) for c in extra], str(row["policy"]),
+                  f"{_ms(cols['ttft_s.p50'][i])} / {_ms(cols['ttft_s.p99'][i])}{mark}",
+                  f"{_ms(cols['tpot_s.p50'][i])} / {_ms(cols['tpot_s.p99'][i])}{mark}",
+                  f"{_fmt(row.get('steady.offered_rps'))} / {_fmt(row.get('steady.achieved_rps'))}",
+                  _fmt(cols["goodput_rps"][i]),
+                  {True: "yes", False: "NO"}.get(_bool(met[i]), "-") + mark)
+    if short is not None and short.astype(bool).any():
+        t.caption = ("* steady window too short (fewer than 10 service times or 200 requests after warm-up and "
+                     "before drain): whole-run figures; raise workload.num_requests")
     return t
+
+
+def _column_format(col):
+    """One format for a whole column: integers as integers, otherwise the fewest decimals that
+    show every value (a rate column reads 8, 12, 16 or 2.5, 5.0, 7.5, never 8 and 12.0)."""
+    values = [v for v in col if isinstance(v, int | float) and not isinstance(v, bool) and v == v]
+    if not values or len(values) != len([v for v in col if v is not None]):
+        return _fmt
+    for decimals in range(0, 5):
+        if all(abs(round(v, decimals) - v) < 1e-9 * max(1.0, abs(v)) for v in values):
+            return lambda v, d=decimals: "-" if v is None or v != v else f"{v:,.{d}f}"
+    return _fmt
 
 
 def _bool(v):

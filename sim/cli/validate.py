@@ -3,8 +3,9 @@
 Two ways to get the real side, one comparison (``sim.recorded.validate_against``: the same figures, the
 same signed relative errors, the same ``--json``):
 
-- ``--against RUN.json --table TABLE``: a run already recorded from an engine (a step log with
-  per-request token times); cbsim simulates its workload on its config with ``vllm-v1`` and the
+- ``--against RUN --table TABLE``: a run already recorded from an engine (a step log with
+  per-request token times, or a request-level run: a ``cbsim-request-run`` JSON or an
+  LLMServingSim bench folder); cbsim simulates its workload on its config with ``vllm-v1`` and the
   table.
 - ``X.yaml --device cpu|cuda``: serve the scenario for real (``calib.validate``: the scenario's
   policy choosing every step, a real model executing it on the device) and simulate it with a
@@ -24,11 +25,14 @@ from sim.cli.app import app
 @app.command("validate")
 def validate_cmd(
     scenario: Path = typer.Argument(None, help="scenario YAML to run for real and simulate (not with --against)"),
-    against: Path = typer.Option(None, "--against", help="a recorded engine run (step log JSON) to predict"),
+    against: Path = typer.Option(None, "--against", help="a recorded engine run to predict: a step log JSON, a "
+                                                         "request-level run (cbsim-request-run JSON) or an "
+                                                         "LLMServingSim bench folder (vllm/requests.jsonl)"),
     table: Path = typer.Option(None, "--table", help="latency table folder (from `cbsim calibrate`); with a "
                                                      "scenario, default: calibrate the device first"),
-    gpu: str = typer.Option(None, "--gpu", help="with --against: the GPU id the run used, when its log does not "
-                                               "say (sets MFU/MBU and swap bandwidth only)"),
+    gpu: str = typer.Option(None, "--gpu", help="with --against: the GPU id the run used, when the run does not "
+                                               "say (KV capacity when the run recorded none, MFU/MBU, swap "
+                                               "bandwidth; never step times)"),
     device: str = typer.Option("cpu", "--device", help="with a scenario: where to serve it for real, cpu or cuda"),
     policy: str = typer.Option(None, "--policy", "-p", help="with a scenario: the policy label to validate "
                                                            "(default: its first)"),
@@ -42,6 +46,12 @@ def validate_cmd(
 ):
     """Compare what a real engine measured with what cbsim predicts."""
     from sim.errors import CbsimError
+    from sim.outputs import check_file, check_folder
+
+    if json_out is not None:  # refused before the (possibly long) real run, not after it
+        check_file(json_out, "the comparison", "--json")
+    if out is not None:
+        check_folder(out, "the validation", "--out")
 
     if against is not None:
         if scenario is not None:
@@ -86,8 +96,8 @@ def validate_recorded_run(run: Path, table: Path | None, gpu: str | None) -> dic
     from sim.recorded.validate_against import validate_against
 
     if table is None:
-        raise CbsimError(f"--against {run} needs --table TABLE: make one from another run of the same engine with "
-                         f"`cbsim calibrate --from-steplog OTHER_RUN.json --out TABLE`")
+        raise CbsimError(f"--against {run} needs --table TABLE: make one with `cbsim calibrate` (--from-steplog "
+                         f"OTHER_RUN.json, --from-llmservingsim BUNDLE or --from-kernel-db)")
     return validate_against(run, table, gpu)
 
 
@@ -108,6 +118,8 @@ def report(result: dict, json_out: Path | None, real_label: str, title: str) -> 
         err = cal["heldout_error"]
         console.print(f"calibrated first ({cal['profile_seconds']} s): held-out error on {err['n']} mixed batches "
                       f"{err['mean_abs_rel']:.1%} mean |rel|", highlight=False)
+    for note in result.get("assumed") or ():
+        console.print(f"assumed: {note}", highlight=False, markup=False)
     if json_out is not None:
         write_json(result, json_out)
         console.print(f"json: {json_out}", highlight=False)

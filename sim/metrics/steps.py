@@ -37,6 +37,7 @@ STEP_COLUMNS = (
     "cpu_blocks_used",
     "kv_reserved_tokens",
     "kv_used_tokens",
+    "recomputed_tokens",  # of the step's tokens, KV computed again after a recompute preemption
     "flops",
     "bytes",
     "swap_s",  # of duration_s, the time charged for swapping KV blocks over PCIe
@@ -68,12 +69,12 @@ class ReplicaSteps:
         return len(self.ends)
 
     def append(self, end: float, start: float, duration: float, policy, shape, plan: StepPlan,
-               n_finished: int, flops, bytes_, swap_s: float = 0.0) -> None:
+               n_finished: int, flops, bytes_, swap_s: float = 0.0, recomputed: int = 0) -> None:
         """One step's row: its times, its shape and plan, and the policy's figures after it
         (after ``finish_step``)."""
         reserved, used = policy.kv_tokens_reserved_and_used()
         (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
-         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used) = self._append
+         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp) = self._append
         a_start(start)
         a_dur(duration)
         a_run(policy.num_running)
@@ -93,6 +94,7 @@ class ReplicaSteps:
         a_cpu(policy.cpu_blocks_used())
         a_res(reserved)
         a_used(used)
+        a_recomp(recomputed)
         self._add_maybe_int("flops", flops)
         self._add_maybe_int("bytes", bytes_)
         self.columns["swap_s"].append(swap_s)
@@ -120,7 +122,7 @@ class ReplicaSteps:
             cols[name].extend(array("q", (value,)) * k)
         zeros = array("q", (0,)) * k
         for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
-                     "rejected", "swap_out_blocks", "swap_in_blocks"):
+                     "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens"):
             cols[name].extend(zeros)
         if finished:
             cols["finished"][-1] = finished

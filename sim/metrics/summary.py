@@ -5,12 +5,22 @@ output token; ITL = every gap between consecutive tokens of a request; E2E = las
 Throughput = finished requests / (last finish − first arrival), and ``duration_s`` is that span.
 Goodput counts only requests that meet every bounded SLO. Utilizations are time averages weighted
 by step duration.
+
+Two utilizations mean the same thing for every policy, unlike ``slots`` (a share of the policy's
+*own* slot count: static's batch size, ``max_num_seqs`` for the others, so "60 % of 32" and "1 %
+of 1024" cannot be compared): ``batch_vs_memory`` is the mean batch over ``memory_sequences``,
+the most sequences this GPU's KV pool holds at once when each takes the workload's mean running
+footprint (prompt + half the output) and nothing is reserved ahead; ``kv_written`` is the share of
+that pool's token capacity holding a written token (``kv`` counts blocks held, reserved-but-empty
+ones included). MFU and MBU are comparable already (busy compute and bandwidth per step).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from sim.metrics.steady import MIN_WINDOW_REQUESTS, MIN_WINDOW_TURNOVERS, steady_window, turnover_s
 
 PERCENTILES = (50, 90, 99)
 
@@ -69,6 +79,38 @@ def run_meets_slo(requests: pd.DataFrame, slo) -> bool | None:
     return True
 
 
+def steady_summary(requests: pd.DataFrame, slo=None) -> dict:
+    """The ``steady`` block of a summary: the window, offered vs achieved rate, and the latency
+    figures and SLO verdict of the requests arriving in it (nulls when the window is too short)."""
+    window = steady_window(requests)
+    arr = requests["arrival_s"]
+    inside = requests[(arr >= window[0]) & (arr < window[1])] if window else requests.iloc[:0]
+    turnover = turnover_s(requests)
+    too_short = (window is None or len(inside) < MIN_WINDOW_REQUESTS
+                 or window[1] - window[0] < MIN_WINDOW_TURNOVERS * turnover)
+    out = {"window_start_s": window[0] if window else None, "window_end_s": window[1] if window else None,
+           "requests_in_window": int(len(inside)),
+           "turnover_s": turnover, "too_short": too_short,
+           "offered_rps": None, "achieved_rps": None, "goodput_rps": None, "slo_met": None,
+           "ttft_s": stats([]), "tpot_s": stats([]), "e2e_s": stats([])}
+    if too_short:
+        return out
+    span = window[1] - window[0]
+    finish = requests["finish_s"].to_numpy(dtype=float)
+    done = int(((finish >= window[0]) & (finish < window[1])).sum())
+    finished = inside[inside["state"] == "finished"]
+    out.update({
+        "offered_rps": len(inside) / span,
+        "achieved_rps": done / span,
+        "goodput_rps": int(meets_slo_mask(inside, slo).sum()) / span,
+        "slo_met": run_meets_slo(inside, slo),
+        "ttft_s": stats(inside["ttft_s"]),
+        "tpot_s": stats(finished["tpot_s"]),
+        "e2e_s": stats(finished["e2e_s"]),
+    })
+    return out
+
+
 def weighted_mean(values: pd.Series, weights: pd.Series) -> float | None:
     w = weights.to_numpy(dtype=float)
     v = values.to_numpy(dtype=float)
@@ -78,10 +120,26 @@ def weighted_mean(values: pd.Series, weights: pd.Series) -> float | None:
     return float(np.average(v[mask], weights=w[mask]))
 
 
+def memory_sequences(requests: pd.DataFrame, kv_tokens: int | None) -> float | None:
+    """The most sequences a KV pool of ``kv_tokens`` tokens holds at once, each at the workload's
+    mean running footprint: its prompt plus half the tokens it generates (its output, cut at
+    ``max_tokens``; a decoding sequence holds half its output on average over its life). It
+    depends on the workload and the pool only, not the policy, so a batch measured against it
+    compares across policies; a paged policy that fills memory reaches about 100 %."""
+    if not kv_tokens or requests.empty:
+        return None
+    out = np.minimum(requests["output_tokens"].to_numpy(dtype=float), requests["max_tokens"].to_numpy(dtype=float))
+    footprint = float(np.mean(requests["prompt_tokens"].to_numpy(dtype=float) + out / 2))
+    return kv_tokens / footprint if footprint > 0 else None
+
+
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
               token_budget: int | None, kv_blocks_total: int, peak_flops: float,
-              hbm_bandwidth: float, slo=None, num_replicas: int = 1, itl: dict | None = None) -> dict:
-    """``itl``: the ITL figures (``{"mean", "p50", "p90", "p99"}``) computed elsewhere: the
+              hbm_bandwidth: float, slo=None, num_replicas: int = 1, itl: dict | None = None,
+              kv_tokens_per_replica: int | None = None) -> dict:
+    """``kv_tokens_per_replica``: one replica's KV pool in tokens (blocks × block size), for
+    ``memory_sequences``, ``utilization.batch_vs_memory`` and ``utilization.kv_written`` (null
+    without it). ``itl``: the ITL figures (``{"mean", "p50", "p90", "p99"}``) computed elsewhere: the
     runner passes ``sim.metrics.recorder.Recorder.itl_stats()`` (exact, from runs of token times; the only
     source when a large run keeps no ``token_times_s``); None computes them from ``token_times_s``."""
     finished = requests[requests["state"] == "finished"]
@@ -101,8 +159,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         itl = stats(np.concatenate(gaps) if gaps else np.array([]))
 
     dur = steps["duration_s"]
-    util = {"slots": None, "token_budget": None, "kv": None, "mfu": None, "mbu": None}
+    util = {"slots": None, "token_budget": None, "kv": None, "mfu": None, "mbu": None,
+            "batch_vs_memory": None, "kv_written": None}
     kv_waste = None
+    mem_seqs = memory_sequences(requests, kv_tokens_per_replica)
     if len(steps):
         # slots in use = sequences computed this step (a finished static member's slot is idle)
         util["slots"] = weighted_mean(steps["num_seqs"] / max_slots, dur) if max_slots else None
@@ -114,6 +174,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         reserved = steps["kv_reserved_tokens"].astype(float)
         waste = (reserved - steps["kv_used_tokens"]) / reserved.where(reserved > 0)
         kv_waste = weighted_mean(waste, dur)
+        if mem_seqs:  # per replica: num_seqs and kv_used_tokens are one replica's, each step
+            batch = weighted_mean(steps["num_seqs"].astype(float), dur)
+            util["batch_vs_memory"] = batch / mem_seqs if batch is not None else None
+            util["kv_written"] = weighted_mean(steps["kv_used_tokens"] / kv_tokens_per_replica, dur)
     summary = {
         "steps": int(len(steps)),
         "replicas": num_replicas,
@@ -134,9 +198,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         "utilization": util,
         "kv_waste": kv_waste,
         "preemptions": int(requests["preemptions"].sum()),
+        "recomputed_tokens": int(steps["recomputed_tokens"].sum()) if len(steps) else 0,
         "swapped_blocks": int(steps["swap_out_blocks"].sum()) if len(steps) else 0,
         "max_running": int(steps["running"].max()) if len(steps) else 0,
         "mean_running": weighted_mean(steps["running"].astype(float), dur) if len(steps) else None,
         "mean_batch": weighted_mean(steps["num_seqs"].astype(float), dur) if len(steps) else None,
+        "memory_sequences": mem_seqs,
+        "steady": steady_summary(requests, slo),
     }
     return summary

@@ -1,35 +1,39 @@
-"""Capacity: per policy, the highest arrival rate at which a run still meets the SLO.
+"""Capacity: per policy, the highest arrival rate at which the server still meets the SLO *in
+steady state*; and the same for the scenario's disaggregated entry (``disaggregation.label``,
+e.g. ``1P2D``), the whole topology searched as one unit.
 
-"Meets the SLO" is the run-level test of DESIGN.md, computed by :func:`sim.metrics.summary.run_meets_slo`
-and reported as the summary's ``slo_met``: the SLO's percentile (default p99) of each bounded
-metric (TTFT, TPOT, E2E) is within its bound, with unfinished requests counted as infinitely late.
+"Meets the SLO" is the run-level test of DESIGN.md (the SLO's percentile, default p99, of each
+bounded metric within its bound, unfinished requests counted as infinitely late), applied to the
+requests of the run's steady window: warm-up and drain left out (:mod:`sim.metrics.steady`).
+Every probe is judged by :func:`sim.planning.probe.judge`: a rate at or above the policy's
+*saturated throughput* violates without a run, and otherwise the probe's request count doubles
+from ``workload.num_requests`` until two sizes in a row agree (up to 8 ×; an unstable probe is
+reported).
 
-The search, for one policy, with every probe a full simulation at ``workload.arrival.rate = r``
-(the same seeded arrival pattern, time-scaled, and the same request lengths at every rate):
+The search, for one policy (the same seeded arrival pattern, time-scaled, at every rate):
 
-1. bracket: from the scenario's own rate, double while the run meets the SLO, or halve until it
-   does, so that ``lo`` meets and ``hi`` violates;
+0. measure the saturated throughput ``S`` (one run with every request arriving at once): of one
+   replica, times ``replicas.count`` (the router spreads the arrivals over identical replicas,
+   each of which saturates at its own ``S``: the rule of :mod:`sim.planning.plan`); of the whole
+   topology for the disaggregated entry (a burst through its prefill pool, links and decode pool);
+1. bracket: from ``min(scenario rate, S)``, double while the probe meets the SLO (capped at
+   ``S``, which violates by definition), or halve until it does, so that ``lo`` meets and ``hi``
+   violates;
 2. bisect geometrically (``sqrt(lo·hi)``) until ``hi ≤ lo·(1 + tolerance)``;
-3. verify: run at ``lo·(1 + tolerance)``. It must violate; if it meets (the meets-SLO curve is
-   not monotone there), the search continues above it from step 1. Then run at
+3. verify: probe ``lo·(1 + tolerance)``. It must violate; if it meets (the meets-SLO curve is
+   not monotone there), the search continues above it from step 1. Then probe
    ``lo·(1 − tolerance)``, which must meet; if it does not, the result is flagged
    ``monotone: false`` (a dip below the boundary).
 
-Guarantee: the returned ``rate_rps`` meets the SLO, a run at ``rate_rps·(1 + tolerance)``
-violates it, and (unless ``monotone`` is false) one at ``rate_rps·(1 − tolerance)`` meets it;
-each of the three was simulated, not assumed. ``goodput_rps`` is the goodput of the run at
-``rate_rps``. About 10 runs per policy at the default 2 % tolerance.
+Guarantee: the returned ``rate_rps`` meets the SLO in steady state and is below the saturated
+throughput, a probe at ``rate_rps·(1 + tolerance)`` violates it (simulated, or at or above
+saturation), and (unless ``monotone`` is false) one at ``rate_rps·(1 − tolerance)`` meets it.
+``goodput_rps``, ``offered_rps`` and ``achieved_rps`` are the steady-window figures of the run at
+``rate_rps``; offered and achieved side by side show that the server keeps up there.
 
-A finite workload and the rate: a workload is ``num_requests`` requests, so a run at a rate just
-above capacity builds a backlog of only about ``N·tol/(1 + tol)`` requests before arrivals stop.
-The 99th-percentile request then waits roughly ``N·tol/((1 + tol)·rate)`` seconds more than at
-capacity; if that is below the TTFT (or E2E) bound, a short run meets the SLO at rates a server
-could not sustain, and the capacity found is too high. So use at least about
-``N ≥ ttft_s · rate · (1 + tol) / tol`` requests (:func:`min_requests`; 2 s, 20 req/s and 2 %
-need ~2000), or read the result as the capacity *for bursts of N requests*. Each result carries
-``min_requests`` and the CLI says when ``num_requests`` is below it. At the other extreme, a
-workload whose every request can arrive at once and still meet the SLO has no capacity: the
-search stops with an error saying so.
+Requests: the probe size grows until the verdict is stable, so the scenario's ``num_requests``
+is where growth starts. ``min_requests`` (:func:`min_requests`) is still reported: below it a
+run of the scenario's own size could not show an overload of ``tolerance`` in its TTFT tail.
 """
 
 from __future__ import annotations
@@ -49,17 +53,25 @@ MAX_HALVINGS = 24
 class Capacity:
     """The result of one policy's search (rates in requests per second)."""
 
-    policy: str
-    rate_rps: float  # highest rate found to meet the SLO
-    goodput_rps: float  # goodput of the run at rate_rps
-    throughput_rps: float
-    violating_rate_rps: float  # rate_rps × (1 + tolerance): simulated, violates the SLO
+    policy: str  # the label: a colocated policy entry or the disaggregated entry
+    rate_rps: float  # highest rate found to meet the SLO in steady state
+    goodput_rps: float  # steady-window goodput of the run at rate_rps
+    throughput_rps: float  # whole-run throughput of that run
+    offered_rps: float | None  # steady window: arrival rate ...
+    achieved_rps: float | None  # ... and finish rate, side by side
+    saturated_rps: float | None  # the ceiling: burst finish rate (× replicas.count when colocated)
+    violating_rate_rps: float  # rate_rps × (1 + tolerance): violates (simulated or above saturation)
     tolerance: float
     runs: int
-    monotone: bool  # rate_rps × (1 − tolerance) was simulated and met the SLO
-    num_requests: int
-    min_requests: int | None  # requests needed for the finite-run caveat not to bite (module doc)
-    probes: list[tuple[float, bool]] = field(default_factory=list)  # (rate, met), in run order
+    monotone: bool  # rate_rps × (1 − tolerance) was probed and met the SLO
+    num_requests: int  # the scenario's: where each probe's size starts
+    probe_requests: int  # requests in the run at rate_rps whose verdict was used
+    stable: bool  # every probe's verdict agreed between two sizes in a row (or was above saturation)
+    unstable_rates: list[float] = field(default_factory=list)
+    min_requests: int | None = None  # see the module doc
+    probes: list[tuple[float, bool]] = field(default_factory=list)  # (rate, met), in probe order
+    disaggregated: bool = False  # the scenario's disaggregated entry, searched as one topology
+    gpus: int | None = None  # GPUs the searched layout runs on (all replicas, or both pools)
     summary: dict = field(default_factory=dict, repr=False)  # the run at rate_rps
 
     def to_dict(self) -> dict:
@@ -100,8 +112,13 @@ def min_requests(slo, rate: float, tolerance: float) -> int | None:
     return math.ceil(min(bounds) * rate * (1 + tolerance) / tolerance)
 
 
-def labels_of(scn, policies: Iterable[str] | None) -> list[str]:
+def labels_of(scn, policies: Iterable[str] | None, disaggregated: bool = False) -> list[str]:
+    """The chosen labels (all when ``policies`` is empty), checked against the scenario's colocated
+    policies, and with ``disaggregated`` its disaggregated entry too (run after them, as the runner
+    does)."""
     labels = [e.label or e.name for e in scn.policies]
+    if disaggregated and scn.disaggregation is not None:
+        labels.append(scn.disaggregation.name)
     if not policies:
         return labels
     chosen = list(policies)
@@ -112,54 +129,68 @@ def labels_of(scn, policies: Iterable[str] | None) -> list[str]:
     return chosen
 
 
-def simulate_at(scn, label: str, rate: float) -> dict:
-    """The summary of one policy's run at ``rate`` requests per second (one probe)."""
-    from sim.runner import run
-
-    return run(scn, [f"workload.arrival.rate={rate!r}"], policies=[label]).summaries[label]
-
-
 class _Probe:
-    """Runs one policy at a rate, caching by rate, and keeps the order of the runs."""
+    """Judges one policy at a rate (:func:`sim.planning.probe.judge`), caching by rate, and keeps
+    the order of the probes."""
 
-    def __init__(self, scn, label: str):
-        self.scn, self.label = scn, label
-        self.summaries: dict[float, dict] = {}
+    def __init__(self, scn, label: str, saturated: float | None):
+        self.scn, self.label, self.saturated = scn, label, saturated
+        self.verdicts: dict = {}
         self.order: list[float] = []
 
     def met(self, rate: float) -> bool:
-        if rate not in self.summaries:
-            self.summaries[rate] = simulate_at(self.scn, self.label, rate)
+        from sim.planning.probe import judge
+
+        if rate not in self.verdicts:
+            # every probe sizes itself from num_requests (no carried-over start), so a fresh probe
+            # at the same rate reproduces its verdict exactly
+            self.verdicts[rate] = judge(self.scn, self.label, [f"workload.arrival.rate={rate!r}"], rate,
+                                        self.saturated)
             self.order.append(rate)
-        return bool(self.summaries[rate]["slo_met"])
+        return self.verdicts[rate].met
 
     def describe(self, rate: float) -> str:
-        s = self.summaries[rate]
+        v = self.verdicts[rate]
+        if v.saturated:
+            return f"at or above the saturated throughput {self.saturated:.3g} req/s"
+        s = v.summary.get("steady") or v.summary
         bits = [f"p99 {m.removesuffix('_s').upper()} {s[m]['p99']:.3g} s" for m in ("ttft_s", "tpot_s", "e2e_s")
                 if s[m]["p99"] is not None]
-        bits.append(f"{s['requests_finished']}/{s['requests_total']} finished")
+        bits.append(f"{v.summary['requests_finished']}/{v.summary['requests_total']} finished")
         return ", ".join(bits)
+
+    @property
+    def runs(self) -> int:
+        return sum(v.runs for v in self.verdicts.values())
 
 
 def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Capacity:
-    """The capacity of one policy (see the module docstring for the algorithm and guarantee)."""
+    """The capacity of one policy, or of the disaggregated topology (see the module docstring for
+    the algorithm and guarantee)."""
+    from sim.planning.probe import is_disaggregated, saturated_rate
+
     if not 0 < tolerance < 1:
         raise CbsimError(f"--tolerance must be between 0 and 1 (a fraction: 0.02 is 2 %), got {tolerance}")
     require_slo(scn)
     start = require_rate(scn)
-    probe = _Probe(scn, label)
+    disaggregated = is_disaggregated(scn, label)
+    units = 1 if disaggregated else scn.replicas.count  # what saturates at the burst's rate
+    one, _ = saturated_rate(scn, label)
+    saturated = None if one is None else one * units
+    probe = _Probe(scn, label, saturated)
+    ceiling = saturated if saturated is not None else math.inf
+    if start >= ceiling:
+        start = ceiling * (1 - tolerance) / (1 + tolerance)
 
     def grow(lo: float) -> tuple[float, float]:
-        hi = lo * 2
+        hi = min(lo * 2, ceiling)
         for _ in range(MAX_DOUBLINGS):
-            if not probe.met(hi):
+            if hi >= ceiling or not probe.met(hi):
                 return lo, hi
-            lo, hi = hi, hi * 2
+            lo, hi = hi, min(hi * 2, ceiling)
         raise CbsimError(
-            f"{label}: the SLO is met at every rate up to {lo:.3g} req/s: with "
-            f"{scn.workload.num_requests} requests nearly all arrive at once and are still served in time, "
-            f"so the rate does not matter; raise workload.num_requests (capacity needs a workload long "
-            f"enough to build a queue) or tighten the SLO")
+            f"{label}: the SLO is met at every rate up to {lo:.3g} req/s and no saturated throughput "
+            f"could be measured; raise workload.num_requests or tighten the SLO")
 
     if probe.met(start):
         lo, hi = grow(start)
@@ -186,19 +217,29 @@ def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Ca
             break
         lo, hi = grow(up)  # not monotone: a higher rate meets after all; search above it
     monotone = probe.met(lo * (1 - tolerance))
-    s = probe.summaries[lo]
+    best = probe.verdicts[lo]
+    s = best.summary
+    unstable = [r for r in probe.order if not probe.verdicts[r].stable]
     return Capacity(
         policy=label,
         rate_rps=lo,
-        goodput_rps=s["goodput_rps"],
+        goodput_rps=s["steady"]["goodput_rps"] if s["steady"]["goodput_rps"] is not None else s["goodput_rps"],
         throughput_rps=s["throughput_rps"],
+        offered_rps=s["steady"]["offered_rps"],
+        achieved_rps=s["steady"]["achieved_rps"],
+        saturated_rps=saturated,
         violating_rate_rps=up,
         tolerance=tolerance,
-        runs=len(probe.order),
+        runs=probe.runs + 1,  # the burst that measured the saturated throughput
         monotone=monotone,
-        num_requests=s["requests_total"],
+        num_requests=int(scn.workload.num_requests or s["requests_total"]),
+        probe_requests=s["requests_total"],
+        stable=not unstable,
+        unstable_rates=unstable,
         min_requests=min_requests(scn.slo, lo, tolerance),
-        probes=[(r, bool(probe.summaries[r]["slo_met"])) for r in probe.order],
+        probes=[(r, probe.verdicts[r].met) for r in probe.order],
+        disaggregated=disaggregated,
+        gpus=s.get("gpus", scn.replicas.count * scn.hardware.count),
         summary=s,
     )
 
@@ -206,8 +247,9 @@ def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Ca
 def capacity(scenario, overrides: Iterable[str] = (), policies: Iterable[str] | None = None,
              tolerance: float = DEFAULT_TOLERANCE, workers: int | None = None, backend: str = "local",
              ray_address: str | None = None) -> dict[str, Capacity]:
-    """Every (or the chosen) policy's capacity, searched in parallel over policies; label -> result
-    in the scenario's policy order."""
+    """Every (or the chosen) policy's capacity, and the disaggregated entry's when the scenario has
+    one, searched in parallel over labels; label -> result in the scenario's policy order, the
+    disaggregated entry last."""
     from sim.planning.sweep import execute
     from sim.scenario.schema import load_scenario
 
@@ -216,7 +258,7 @@ def capacity(scenario, overrides: Iterable[str] = (), policies: Iterable[str] | 
     require_rate(scn)
     if not 0 < tolerance < 1:
         raise CbsimError(f"--tolerance must be between 0 and 1 (a fraction: 0.02 is 2 %), got {tolerance}")
-    labels = labels_of(scn, policies)
+    labels = labels_of(scn, policies, disaggregated=True)
     results: dict[str, Capacity] = {}
 
     def keep(i: int, res: Capacity) -> None:

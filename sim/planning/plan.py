@@ -1,12 +1,15 @@
 """Plan: how many replicas meet the SLO at a target rate, and what they cost.
 
-For each policy, the smallest ``replicas.count`` whose run at ``workload.arrival.rate = R``
-meets the SLO (summary ``slo_met``), with the scenario's router (``replicas.router``) spreading
-the arrivals. The search doubles the count (1, 2, 4, ...) until a run meets the SLO, then
-bisects between the last count that failed and the first that met, so the answer ``n`` is
-verified both ways: ``n`` replicas meet the SLO and ``n − 1`` do not (both were simulated),
-assuming more replicas never hurt (true of every router here for a fixed workload, up to the
-noise of a finite one).
+For each policy, the smallest ``replicas.count`` whose run at ``workload.arrival.rate = R`` meets
+the SLO *in steady state*, with the scenario's router (``replicas.router``) spreading the
+arrivals. Every candidate count is judged by :func:`sim.planning.probe.judge`: a count whose
+replicas would each get ``R / n`` at or above one replica's saturated throughput ``S`` violates
+without a run (so the search starts at the first count below saturation, ``⌊R/S⌋ + 1``);
+otherwise the verdict is the steady-window SLO test (warm-up and drain left out), with the probe
+size doubled from ``workload.num_requests`` until two sizes in a row agree. The search doubles
+the count until it meets, then bisects between the last count that failed and the first that
+met, so the answer ``n`` is verified both ways: ``n`` replicas meet the SLO and ``n − 1`` do not
+(simulated, or at or above saturation), assuming more replicas never hurt.
 
 Cost. One replica is one tensor-parallel group of ``hardware.count`` GPUs (which equals
 ``hardware.tensor_parallel``), so the plan uses ``GPUs = replicas × hardware.count``. Running
@@ -17,13 +20,11 @@ hour; at R requests per second an hour serves ``3600·R`` requests, so
 
 This is the cost of provisioning for R (all the replicas stay up for the hour), not of only the
 busy time; without ``cost_per_gpu_hour`` only GPU-hours are reported.
-
-The workload is the scenario's ``num_requests`` spread over all replicas, so each replica sees
-about ``num_requests / n``; the finite-workload caveat of :mod:`sim.planning.capacity` applies per replica.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -47,7 +48,13 @@ class Plan:
     cost_per_hour: float | None
     cost_per_million_requests: float | None
     runs: int
-    probes: list[tuple[int, bool]] = field(default_factory=list)  # (replicas, met), in run order
+    saturated_rps: float | None = None  # one replica's saturated throughput
+    offered_rps: float | None = None  # steady window of the run with `replicas`: arrival rate ...
+    achieved_rps: float | None = None  # ... and finish rate
+    probe_requests: int | None = None  # requests in that run
+    stable: bool = True  # every probe's verdict agreed between two sizes in a row
+    unstable_counts: list[int] = field(default_factory=list)
+    probes: list[tuple[int, bool]] = field(default_factory=list)  # (replicas, met), in probe order
     summary: dict = field(default_factory=dict, repr=False)  # the run with `replicas` replicas
 
     def to_dict(self) -> dict:
@@ -68,21 +75,24 @@ def costs(replicas: int, gpus_per_replica: int, rate: float, price: float | None
 
 def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT_MAX_REPLICAS) -> Plan:
     """The smallest replica count for one policy (see the module docstring)."""
-    from sim.runner import run
+    from sim.planning.probe import judge, saturated_rate
 
-    summaries: dict[int, dict] = {}
+    saturated, _ = saturated_rate(scn, label)
+    verdicts: dict = {}
     order: list[int] = []
 
     def met(n: int) -> bool:
-        if n not in summaries:
-            result = run(scn, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
-                         policies=[label])
-            summaries[n] = result.summaries[label]
+        if n not in verdicts:
+            verdicts[n] = judge(scn, label, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
+                                target_rate / n, saturated)
             order.append(n)
-        return bool(summaries[n]["slo_met"])
+        return verdicts[n].met
 
+    first = 1 if saturated is None else min(max_replicas, math.floor(target_rate / saturated) + 1)
+    if first > 1:
+        met(first - 1)  # above saturation: decided without a run, kept as the failing side
     best = None
-    fail, n = 0, 1
+    fail, n = first - 1, first
     while True:
         if met(n):
             best = n
@@ -100,13 +110,20 @@ def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT
                 fail = mid
     per = scn.hardware.count
     c = costs(best, per, target_rate, scn.cost_per_gpu_hour) if best is not None else {}
+    s = verdicts[best].summary if best is not None else {}
+    steady = s.get("steady") or {}
     return Plan(
         policy=label, target_rate_rps=target_rate, router=scn.replicas.router, replicas=best,
         max_replicas=max_replicas, gpus_per_replica=per, gpus=c.get("gpus"),
         gpu_hours_per_hour=c.get("gpu_hours_per_hour"), cost_per_gpu_hour=scn.cost_per_gpu_hour,
         cost_per_hour=c.get("cost_per_hour"), cost_per_million_requests=c.get("cost_per_million_requests"),
-        runs=len(order), probes=[(k, bool(summaries[k]["slo_met"])) for k in order],
-        summary=summaries[best] if best is not None else {},
+        runs=sum(v.runs for v in verdicts.values()) + 1, saturated_rps=saturated,
+        offered_rps=steady.get("offered_rps"), achieved_rps=steady.get("achieved_rps"),
+        probe_requests=s.get("requests_total"),
+        stable=all(v.stable for v in verdicts.values()),
+        unstable_counts=[k for k in order if not verdicts[k].stable],
+        probes=[(k, verdicts[k].met) for k in order],
+        summary=s,
     )
 
 

@@ -41,7 +41,7 @@ import pandas as pd
 from sim.errors import CbsimError
 
 MAX_POINTS = 10_000
-KEY_VERSION = "cbsim-sweep-1"
+KEY_VERSION = "cbsim-sweep-2"  # 2: summaries carry the steady-state block
 
 
 # --- points --------------------------------------------------------------------------------
@@ -201,17 +201,29 @@ def execute(fn: Callable, tasks: Sequence[tuple], on_result: Callable[[int, Any]
     the calling process as it finishes (completion order). ``fn`` must be importable (module
     level) for process pools and Ray. ``on_start`` runs once the workers exist (start progress
     displays there, so no thread of theirs is forked)."""
+    check_backend(backend, workers)
     if not tasks:
         return
     workers = workers or default_workers(len(tasks))
-    if workers < 1:
-        raise CbsimError(f"--workers must be at least 1, got {workers}")
     if backend == "local":
         _execute_local(fn, tasks, on_result, min(workers, len(tasks)), on_start)
     elif backend == "ray":
         _execute_ray(fn, tasks, on_result, min(workers, len(tasks)), ray_address, on_start)
-    else:
-        raise CbsimError(f"unknown --backend {backend!r}: use local or ray")
+
+
+BACKENDS = ("local", "ray")
+
+
+def check_backend(backend: str, workers: int | None) -> None:
+    """Refuse an unknown ``--backend`` or a ``--workers`` below 1 before anything runs or is created."""
+    if backend not in BACKENDS:
+        from sim.errors import nearest
+
+        raise CbsimError(f"unknown --backend {backend!r}{nearest(backend, BACKENDS)}: use local or ray")
+    if workers is not None and workers < 1:
+        raise CbsimError(f"--workers must be at least 1, got {workers}")
+    if backend == "ray":
+        require_ray()
 
 
 def _pool_context():
@@ -313,6 +325,7 @@ def sweep(scenario, points: Sequence[Point], out_dir, overrides: Iterable[str] =
     """Run every point (skipping those already in ``out_dir``) and write ``sweep.parquet``."""
     from sim.scenario.schema import load_scenario
 
+    check_backend(backend, workers)
     base = load_scenario(scenario, list(overrides))
     labels = [e.label or e.name for e in base.policies]
     if policies:
@@ -329,6 +342,9 @@ def sweep(scenario, points: Sequence[Point], out_dir, overrides: Iterable[str] =
     # resolve every point first: a bad --vary value fails before anything runs
     resolved = [load_scenario(base, list(p.overrides)) for p in points]
     keys = [point_key(s, policies) for s in resolved]
+    from sim.outputs import check_folder
+
+    check_folder(out_dir, "the sweep")  # a file, an unwritable folder: refused before points/ is made
     out = Path(out_dir)
     pdir = out / "points"
     pdir.mkdir(parents=True, exist_ok=True)
@@ -389,17 +405,41 @@ def _typed(col: pd.Series) -> pd.Series:
     return col.astype(str)
 
 
+def verdicts(table: pd.DataFrame) -> pd.Series:
+    """Each row's SLO verdict in steady state (``steady.slo_met``, :mod:`sim.metrics.steady`),
+    or the whole run's where the point's steady window was too short to judge."""
+    whole = table["slo_met"] if "slo_met" in table else pd.Series(None, index=table.index, dtype=object)
+    if "steady.slo_met" not in table:
+        return whole
+    steady = table["steady.slo_met"]
+    return steady.where(steady.notna(), whole)
+
+
+def steady_column(table: pd.DataFrame, name: str) -> pd.Series:
+    """A summary figure (``ttft_s.p99``) from the steady window (``steady.ttft_s.p99``), or from
+    the whole run where the point's window was too short."""
+    whole = table[name] if name in table else pd.Series(float("nan"), index=table.index)
+    steady = f"steady.{name}"
+    if steady not in table:
+        return whole
+    return table[steady].where(table[steady].notna(), whole)
+
+
 def estimate_capacity(table: pd.DataFrame) -> dict[str, float]:
     """Per policy (and varied value), the highest swept rate below which every swept rate met the
-    SLO: the capacity to the resolution of the rate grid. Empty without rates or an SLO."""
-    if "rate" not in table or table["rate"].isna().all() or table["slo_met"].isna().all():
+    SLO in steady state (:func:`verdicts`): the capacity to the resolution of the rate grid. Empty
+    without rates or an SLO."""
+    met = verdicts(table) if "slo_met" in table else None
+    if "rate" not in table or table["rate"].isna().all() or met is None or met.isna().all():
         return {}
     out = {}
-    for name, grp in table.groupby(_series_key(table), sort=False):
+    keys = _series_key(table)
+    for name in dict.fromkeys(keys):
+        grp = table[keys == name].sort_values("rate")
         best = None
-        for _, row in grp.sort_values("rate").iterrows():
-            if row["slo_met"] is True or row["slo_met"] == True:  # noqa: E712 (numpy bools)
-                best = float(row["rate"])
+        for i in grp.index:
+            if met[i] is True or met[i] == True:  # noqa: E712 (numpy bools)
+                best = float(grp.at[i, "rate"])
             else:
                 break
         if best is not None:
@@ -436,14 +476,15 @@ def plot_latency_vs_load(table: pd.DataFrame, slo=None, capacity: dict[str, floa
         for a, metric, name in ((axes[0], "ttft_s", "TTFT"), (axes[1], "tpot_s", "TPOT")):
             for label in series:
                 grp = table[keys == label].sort_values("rate")
+                p99 = steady_column(grp, f"{metric}.p99") * 1e3
                 color = colors[label]
-                a.plot(grp["rate"], grp[f"{metric}.p99"] * 1e3, "-o", color=color, ms=3.5, label=f"{label} p99")
-                a.plot(grp["rate"], grp[f"{metric}.p50"] * 1e3, "--", color=color, alpha=0.75,
+                a.plot(grp["rate"], p99, "-o", color=color, ms=3.5, label=f"{label} p99")
+                a.plot(grp["rate"], steady_column(grp, f"{metric}.p50") * 1e3, "--", color=color, alpha=0.75,
                        label=f"{label} p50")
                 if label in capacity:
                     cap = capacity[label]
                     a.axvline(cap, color=color, ls=":", lw=1.1)
-                    a.plot([cap], [_interp(grp["rate"], grp[f"{metric}.p99"] * 1e3, cap)], marker="*", ms=14,
+                    a.plot([cap], [_interp(grp["rate"], p99, cap)], marker="*", ms=14,
                            color=color, mec="black", mew=0.6, ls="none",
                            label=f"{label} capacity {cap:.3g} req/s")
             bound = getattr(slo, metric, None) if slo is not None else None
@@ -453,12 +494,36 @@ def plot_latency_vs_load(table: pd.DataFrame, slo=None, capacity: dict[str, floa
                 if a is axes[0]:  # the policies' legend is on the right; name this panel's bound here
                     a.legend(handles=[line], loc="upper left")
             a.set_yscale("log")
+            _plain_log_ticks(a.yaxis)
             a.set_xlabel("arrival rate (requests/s)")
             a.set_ylabel(f"{name} (ms, log scale)")
-            a.set_title(f"{name}: p50 dashed, p99 solid")
+            a.set_title(f"{name} in steady state: p50 dashed, p99 solid")
         axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.suptitle(title or "Latency versus load")
     return fig
+
+
+def _plain_log_ticks(axis) -> None:
+    """Log-axis tick labels as plain numbers ("60", "200"), not "6×10^1": decades labelled, and
+    the 2 and 5 between them when the axis spans few decades."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter
+
+    def major(v, _pos):
+        return f"{v:g}" if v > 0 else ""
+
+    def minor(v, _pos):
+        if v <= 0:
+            return ""
+        lo, hi = axis.get_view_interval()
+        if lo > 0 and hi / lo > 1e3:  # many decades: the decades alone
+            return ""
+        lead = round(v / 10 ** math.floor(math.log10(v)), 6)
+        return f"{v:g}" if lead in (2.0, 5.0) else ""
+
+    axis.set_major_formatter(FuncFormatter(major))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _interp(xs, ys, x: float) -> float:

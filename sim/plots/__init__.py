@@ -8,21 +8,24 @@ fixed size, which is what ``cbsim run`` and ``cbsim plot`` do. One module per fi
 
 from __future__ import annotations
 
+from sim.plots.capacity import plot_capacity
 from sim.plots.kv import plot_kv
 from sim.plots.latency import plot_latency_cdfs
 from sim.plots.paged import plot_paged_vs_contiguous
 from sim.plots.timeline import plot_timeline, timeline_data
 from sim.plots.utilization import plot_utilization
-from sim.plots.write import FILES, png_size, write_all
+from sim.plots.write import FILES, png_size, skipped, write_all
 
 __all__ = [
     "FILES",
+    "plot_capacity",
     "plot_kv",
     "plot_latency_cdfs",
     "plot_paged_vs_contiguous",
     "plot_timeline",
     "plot_utilization",
     "png_size",
+    "skipped",
     "timeline_data",
     "write_all",
 ]

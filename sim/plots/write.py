@@ -2,13 +2,15 @@
 
 The timeline is written only for small runs (at most ``max_requests`` requests per policy: past
 that its rows are unreadable), and the paged-vs-contiguous figure only when both kinds of policy
-ran. Each figure is cleared once saved, so sweeps that write thousands of folders hold no figures.
+ran, and the capacity figure only when the summaries hold the saturated measurements ``cbsim run``
+makes for a static-vs-continuous scenario. Each figure is cleared once saved, so sweeps that write thousands of folders hold no figures.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from sim.plots.capacity import plot_capacity
 from sim.plots.kv import plot_kv
 from sim.plots.latency import plot_latency_cdfs
 from sim.plots.paged import plot_paged_vs_contiguous
@@ -22,6 +24,7 @@ FILES = {
     "latency_cdf": "latency_cdf.png",
     "timeline": "timeline.png",
     "paged_vs_contiguous": "paged_vs_contiguous.png",
+    "capacity": "capacity.png",
 }
 
 
@@ -30,6 +33,16 @@ def png_size(figure: str, result) -> tuple[int, int]:
     if figure == "timeline":
         return timeline_size_px(len(result.labels))
     return round(SIZE_IN[0] * DPI), round(SIZE_IN[1] * DPI)
+
+
+def skipped(result, max_requests: int = MAX_REQUESTS) -> list[str]:
+    """One line per figure :func:`write_all` leaves out for a reason the user can change."""
+    per_policy = result.requests.groupby("policy").size()
+    most = int(per_policy.max()) if len(per_policy) else 0
+    if most > max_requests:
+        return [f"timeline.png not written: the run has {most} requests per policy, over --max-requests "
+                f"{max_requests} (its rows would be unreadable); raise --max-requests to {most} to draw it"]
+    return []
 
 
 def write_all(result, folder, max_requests: int = MAX_REQUESTS) -> list[Path]:
@@ -42,6 +55,7 @@ def write_all(result, folder, max_requests: int = MAX_REQUESTS) -> list[Path]:
     if len(per_policy) and int(per_policy.max()) <= max_requests:
         figures.append(("timeline", lambda r: plot_timeline(r, max_requests=max_requests)))
     figures.append(("paged_vs_contiguous", plot_paged_vs_contiguous))
+    figures.append(("capacity", plot_capacity))
     for key, draw in figures:
         fig = draw(result)
         if fig is None:

@@ -21,7 +21,6 @@ original), and every generated token has the same id (so exact duplicates share 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from policies.base import EngineLimits, Request, emit_tokens
 from policies.vllm_v1 import VllmV1Policy
 from sim.errors import CbsimError, nearest
+from sim.user_files import Fields, read_json, short
 
 # golden config key -> where it goes (EngineLimits field or policy knob)
 _LIMIT_KEYS = {
@@ -157,29 +157,39 @@ class GoldenLog:
 
 
 def load_golden(path: str | Path) -> GoldenLog:
-    """Read and check a golden step log; errors name the file, the field and the fix."""
+    """Read and check a golden step log; errors name the file, the field and the fix.
+
+    Every field the replay reads is checked here (kind and range), so a malformed log is one
+    :class:`CbsimError` before anything runs, never a crash inside the replay."""
+    from sim.hardware.kv_capacity import MAX_KV_BLOCKS
+
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not path.is_dir():
         raise CbsimError(
             f"{path}: no such file (pass golden step logs such as reference/oracle/v1_ample.json)"
         )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CbsimError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    data = read_json(path, "golden step log", "a golden log is one JSON object with config, requests and steps "
+                                              "(format: reference/oracle/README.md)")
+    f = Fields(path)
+    if not isinstance(data, dict):
+        raise f.fail("", f"expected a JSON object with config, requests and steps, got {short(data)}")
     for key in ("config", "requests", "steps"):
         if key not in data:
             raise CbsimError(
                 f"{path}: missing top-level field {key!r}; a golden log has config, requests and steps"
             )
-    cfg = dict(data["config"])
+    cfg = dict(f.items(data["config"], "config"))
     if "num_blocks" not in cfg:
         raise CbsimError(f"{path}: config has no 'num_blocks' (the KV pool size including the null block)")
-    limit_kw = {"num_gpu_blocks": int(cfg.pop("num_blocks")) - 1}
+    num_blocks = f.check(cfg.pop("num_blocks"), "config.num_blocks", int, minimum=2)
+    if num_blocks > MAX_KV_BLOCKS + 1:
+        raise f.fail("config.num_blocks", f"must be <= {MAX_KV_BLOCKS + 1:,} (the blocks cbsim simulates), "
+                                          f"got {num_blocks:,}")
+    limit_kw = {"num_gpu_blocks": num_blocks - 1}
     knob_kw: dict[str, Any] = {}
     for key, value in cfg.items():
         if key in _LIMIT_KEYS:
-            limit_kw[_LIMIT_KEYS[key]] = int(value)
+            limit_kw[_LIMIT_KEYS[key]] = f.check(value, f"config.{key}", int, minimum=1)
             continue
         knob = _KNOB_ALIASES.get(key, key)
         if knob not in VllmV1Policy.KNOBS:
@@ -193,15 +203,51 @@ def load_golden(path: str | Path) -> GoldenLog:
         VllmV1Policy(limits, **knob_kw)  # validate the knobs now, with the file's name
     except (TypeError, ValueError) as exc:
         raise CbsimError(f"{path}: bad config: {exc}") from exc
-    for i, r in enumerate(data["requests"]):
+    requests = f.entries(data["requests"], "requests", dict)
+    ids: set[Any] = set()
+    for i, r in enumerate(requests):
+        where = f"requests[{i}]"
         for key in ("id", "arrival_step", "prompt_tokens", "max_tokens"):
             if key not in r:
                 raise CbsimError(f"{path}: requests[{i}] has no {key!r}")
-    try:
-        steps = [StepRecord.from_json(s) for s in data["steps"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CbsimError(f"{path}: a step record is malformed ({exc!r})") from exc
-    return GoldenLog(data.get("name", path.stem), path, limits, knob_kw, list(data["requests"]), steps)
+        rid = f.get(r, "id", where, (str, int))
+        if rid in ids:
+            raise f.fail(f"{where}.id", f"{rid!r} is the id of an earlier request; ids must be distinct")
+        ids.add(rid)
+        f.get(r, "arrival_step", where, int, minimum=0)
+        f.get(r, "prompt_tokens", where, int, minimum=1)
+        f.get(r, "max_tokens", where, int, minimum=1)
+        f.get(r, "priority", where, int, 0)
+        prompt = f.get(r, "prompt_tokens", where, int)
+        if f.get(r, "prefix_len", where, int, 0, minimum=0) > prompt:
+            raise f.fail(f"{where}.prefix_len", f"is {r['prefix_len']}, longer than the prompt ({prompt} tokens)")
+        f.get(r, "prefix_group", where, (str, int), None)
+        f.get(r, "duplicate_of", where, (str, int), None)
+    steps = [_step_record(f, s, f"steps[{i}]") for i, s in enumerate(f.entries(data["steps"], "steps", dict))]
+    name = f.get(data, "name", "", str, path.stem)
+    return GoldenLog(name, path, limits, knob_kw, requests, steps)
+
+
+def _step_record(f, d: dict[str, Any], where: str) -> StepRecord:
+    """One step of the log, every field checked (``f``: :class:`sim.user_files.Fields`)."""
+    def ids(key: str) -> tuple:
+        return tuple(sorted(str(x) for x in f.entries(f.get(d, key, where, list, []), f"{where}.{key}", (str, int))))
+
+    def counts(key: str, default: Any = ...) -> tuple:
+        got = f.get(d, key, where, dict, default)
+        return tuple((str(k), f.check(v, f"{where}.{key}.{k}", int, minimum=0)) for k, v in got.items())
+
+    return StepRecord(
+        step=f.get(d, "step", where, int, minimum=0),
+        scheduled=counts("scheduled"),
+        preempted=ids("preempted"),
+        finished=ids("finished"),
+        admitted=ids("admitted"),
+        prefix_hit_tokens=tuple(sorted(counts("prefix_hit_tokens", {}))),
+        free_blocks=f.get(d, "free_blocks", where, int),
+        num_running=f.get(d, "num_running", where, int),
+        num_waiting=f.get(d, "num_waiting", where, int),
+    )
 
 
 def _prompt_runs(spec: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> tuple[tuple[Any, int], ...]:

@@ -34,7 +34,6 @@ Times are seconds from the run's start. The dtype comes from ``model.dtype``, el
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import CbsimError
+from sim.user_files import Fields, read_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,18 +140,8 @@ class StepLog:
 def read_steplog(path: str | Path) -> StepLog:
     """Read a step log in any known format (see :data:`READERS`)."""
     p = Path(path)
-    if not p.exists():
-        raise CbsimError(f"step log {str(path)!r} does not exist; give a recorded run (JSON, e.g. "
-                         f"../shared/reference/vllm-cpu-runs/fit.json)")
-    if p.is_dir():
-        raise CbsimError(f"step log {str(path)!r} is a folder; give the run's JSON file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CbsimError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}); a step log is one JSON "
-                         f"object (format: sim/recorded/steplog.py)") from None
-    except UnicodeDecodeError:
-        raise CbsimError(f"{p}: not a UTF-8 text file; a step log is one JSON object") from None
+    data = read_json(p, "step log", "give a recorded run (one JSON object, e.g. "
+                                    "../shared/reference/vllm-cpu-runs/fit.json; format: sim/recorded/steplog.py)")
     for recognises, reader in READERS.values():
         if recognises(data):
             return reader(data, p)
@@ -163,35 +153,8 @@ def _is_vllm_json(data: Any) -> bool:
     return isinstance(data, dict) and {"config", "requests", "steps"} <= set(data)
 
 
-class _Fields:
-    """Typed access to a JSON mapping whose errors name the file and the key path."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, where: str, msg: str) -> CbsimError:
-        return CbsimError(f"{self.path}: {where}: {msg}")
-
-    def get(self, obj: Any, key: str, where: str, kind: type | tuple, default: Any = ...) -> Any:
-        if not isinstance(obj, dict):
-            raise self.fail(where, "expected a JSON object")
-        if key not in obj:
-            if default is not ...:
-                return default
-            raise self.fail(f"{where}.{key}" if where else key, "required key is missing")
-        value = obj[key]
-        at = f"{where}.{key}" if where else key
-        if kind is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        elif kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, kind)
-        if not ok:
-            word = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
-                    dict: "an object", list: "a list"}.get(kind, str(kind))
-            raise self.fail(at, f"expected {word}, got {value!r:.60}")
-        return float(value) if kind is float else value
+class _Fields(Fields):
+    """Typed access to the log's fields (:class:`sim.user_files.Fields`): errors name the file and key."""
 
 
 _DTYPE_WORDS = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
@@ -240,20 +203,20 @@ def read_vllm_json(data: dict, path: Path) -> StepLog:
     source = f.get(data, "source", "", str, "")
     model = _vllm_model(f, data, source)
     c = f.get(data, "config", "", dict)
-    num_blocks = f.get(c, "num_blocks", "config", int)
+    num_blocks = f.get(c, "num_blocks", "config", int, minimum=2)
     policy = f.get(c, "policy", "config", str, "fcfs")
     if policy not in ("fcfs", "priority"):
         raise f.fail("config.policy", f"expected fcfs or priority, got {policy!r}")
     config = EngineConfig(
-        block_size=f.get(c, "block_size", "config", int),
+        block_size=f.get(c, "block_size", "config", int, minimum=1),
         num_gpu_blocks=num_blocks - 1,
-        max_num_batched_tokens=f.get(c, "max_num_batched_tokens", "config", int),
-        max_num_seqs=f.get(c, "max_num_seqs", "config", int),
-        max_model_len=f.get(c, "max_model_len", "config", int),
+        max_num_batched_tokens=f.get(c, "max_num_batched_tokens", "config", int, minimum=1),
+        max_num_seqs=f.get(c, "max_num_seqs", "config", int, minimum=1),
+        max_model_len=f.get(c, "max_model_len", "config", int, minimum=1),
         scheduling_policy=policy,
         enable_prefix_caching=f.get(c, "enable_prefix_caching", "config", bool, False),
         enable_chunked_prefill=f.get(c, "enable_chunked_prefill", "config", bool, True),
-        tensor_parallel=f.get(c, "tensor_parallel_size", "config", int, 1),
+        tensor_parallel=f.get(c, "tensor_parallel_size", "config", int, 1, minimum=1),
     )
     if "usable_blocks" in c and c["usable_blocks"] != config.num_gpu_blocks:
         raise f.fail("config.usable_blocks", f"is {c['usable_blocks']} but num_blocks − 1 is "
@@ -263,15 +226,15 @@ def read_vllm_json(data: dict, path: Path) -> StepLog:
         where = f"requests[{i}]"
         times = f.get(r, "token_times_s", where, list)
         for j, t in enumerate(times):
-            if isinstance(t, bool) or not isinstance(t, int | float):
+            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
                 raise f.fail(f"{where}.token_times_s[{j}]", f"expected a number, got {t!r}")
         requests.append(LoggedRequest(
             id=str(f.get(r, "id", where, (str, int))),
-            arrival_s=f.get(r, "arrival_s", where, float),
-            prompt_tokens=f.get(r, "prompt_tokens", where, int),
-            max_tokens=f.get(r, "max_tokens", where, int),
+            arrival_s=f.get(r, "arrival_s", where, float, minimum=0),
+            prompt_tokens=f.get(r, "prompt_tokens", where, int, minimum=1),
+            max_tokens=f.get(r, "max_tokens", where, int, minimum=1),
             token_times_s=tuple(float(t) for t in times),
-            preemptions=f.get(r, "preemptions", where, int, None),
+            preemptions=f.get(r, "preemptions", where, int, None, minimum=0),
         ))
     if not requests:
         raise f.fail("requests", "is empty; a step log needs the run's requests")
@@ -295,8 +258,8 @@ def read_vllm_json(data: dict, path: Path) -> StepLog:
                 raise f.fail(f"{where}.scheduled", f"request {rid!r} is not in requests[]")
             if rid not in context:
                 raise f.fail(f"{where}.context", f"has no entry for scheduled request {rid!r}")
-            batch.append((rid, f.get(scheduled, rid, f"{where}.scheduled", int),
-                          f.get(context, rid, f"{where}.context", int)))
+            batch.append((rid, f.get(scheduled, rid, f"{where}.scheduled", int, minimum=0),
+                          f.get(context, rid, f"{where}.context", int, minimum=0)))
         preempted = tuple(str(x) for x in f.get(s, "preempted", where, list, []))
         steps.append(LoggedStep(start, end, tuple(batch), preempted))
     if not steps:

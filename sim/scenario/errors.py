@@ -46,7 +46,7 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], where: 
     """One line (or a few joined by '; ') that names each bad key path and the fix."""
     found: list[tuple[str, str | None]] = []  # (key path, message naming it), in pydantic's order
     type_errors: dict[str, list[tuple[str, Any]]] = {}
-    for err in exc.errors(include_url=False):
+    for err in _likeliest_branches(exc.errors(include_url=False)):
         path, section = _walk(err["loc"], root)
         typ, ctx = err["type"], err.get("ctx") or {}
         cause = ctx.get("error")
@@ -74,6 +74,30 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], where: 
         messages = messages[:5] + [f"and {len(messages) - 5} more"]
     prefix = f"{where}: " if where else ""
     return prefix + "; ".join(messages)
+
+
+def _likeliest_branches(errors: list[dict]) -> list[dict]:
+    """Where a value matches none of a union's mapping branches (``model: str | ModelSpecConfig |
+    HfModelConfig``), pydantic reports every branch's errors; keep only those of the branch the
+    user most likely meant, the one with the fewest errors (an inline spec with one bad value,
+    not "hf_config: required; num_layers: unknown key; ..." from the branch it was never meant as)."""
+    groups: dict[tuple, dict[str, int]] = {}
+    tags: list[tuple | None] = []
+    for err in errors:
+        loc = err["loc"]
+        i = next((i for i, el in enumerate(loc) if _is_model_tag(el)), None)
+        tags.append(None if i is None else (loc[:i], loc[i]))
+        if i is not None:
+            branch = groups.setdefault(loc[:i], {})
+            branch[loc[i]] = branch.get(loc[i], 0) + 1
+    best = {prefix: min(counts, key=counts.get) for prefix, counts in groups.items() if len(counts) > 1}
+    return [err for err, tag in zip(errors, tags) if tag is None or best.get(tag[0], tag[1]) == tag[1]]
+
+
+def _is_model_tag(el: Any) -> bool:
+    """pydantic's name of a union branch that is a model: 'HfModelConfig', or
+    'function-after[_check(), ModelSpecConfig]' for one with validators (field names are lower case)."""
+    return isinstance(el, str) and (el[:1].isupper() or el.startswith(("function-", "model-")))
 
 
 def _from_override(path: str, overrides) -> str:
@@ -106,13 +130,22 @@ def _describe(err: dict, path: str, section: type | None) -> str:
     return f"{err['msg']} (got {show_value(value)})"
 
 
+SHOWN_LIST_CHARS = 40  # a list longer than this in the message is shown as "a list"
+
+
 def show_value(value: Any) -> str:
-    """A value as the message shows it: YAML words (null, true) and short lists; mappings by kind."""
+    """A value as the message shows it: YAML words (null, true) and short lists; mappings by kind.
+
+    The text is built with a budget and abandoned as soon as it passes it, so a value of any size
+    (a million-entry list, or YAML aliases nested into billions of entries) costs microseconds:
+    rendering it whole first and cutting it after hung for minutes and took gigabytes."""
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
-        text = repr(value)
-        return text if len(text) <= 40 else "a list"
+        text = _bounded_repr(value, SHOWN_LIST_CHARS)
+        return text if text is not None else "a list"
+    if isinstance(value, str) and len(value) > 200:
+        return repr(value[:200]) + "..."
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -154,3 +187,27 @@ def _is_tag_of(tag: str, member: Any) -> bool:
     validators 'function-after[_check(), ModelSpecConfig]'."""
     name = getattr(member, "__name__", None)
     return bool(name) and (tag == name or re.search(rf"\b{re.escape(name)}\]?$", tag) is not None)
+
+
+def _bounded_repr(value: Any, budget: int) -> str | None:
+    """``repr(value)`` if it is at most ``budget`` characters, else None, without building more
+    than about ``budget`` characters of it (lists are walked one element at a time)."""
+    if not isinstance(value, list | tuple):
+        if isinstance(value, dict):
+            return None if value else "{}"
+        if isinstance(value, str) and len(value) > budget:
+            return None
+        text = repr(value)
+        return text if len(text) <= budget else None
+    parts: list[str] = []
+    used = 2
+    for item in value:
+        if used > budget:
+            return None
+        text = _bounded_repr(item, budget - used)
+        if text is None:
+            return None
+        parts.append(text)
+        used += len(text) + 2
+    text = "[" + ", ".join(parts) + "]"
+    return text if len(text) <= budget else None

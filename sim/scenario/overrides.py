@@ -21,9 +21,37 @@ from sim.errors import ScenarioError
 _FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$|^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$")
 
 
+MAX_ALIAS_EXPANSION = 100_000  # values that aliases (*name) may add to a document, expanded
+
+
+class YamlTooLarge(yaml.YAMLError):
+    """A document whose aliases expand beyond :data:`MAX_ALIAS_EXPANSION` values, or refer to
+    themselves: refused before anything walks the expanded value."""
+
+    def __init__(self, problem: str, mark) -> None:
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
 class StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a duplicate key is an error (PyYAML silently keeps
-    the last one) and ``1e3`` or ``.5`` are numbers (YAML 1.1 needs ``1.0e+3``)."""
+    the last one), ``1e3`` or ``.5`` are numbers (YAML 1.1 needs ``1.0e+3``), and aliases may
+    not expand a document by more than :data:`MAX_ALIAS_EXPANSION` values.
+
+    Why the bound: PyYAML builds an alias as a reference to the anchored value, so a 1 KB file
+    of nested aliases (the "billion laughs") loads at once, but anything that walks the value
+    (validation, an error message, ``deepcopy`` into a list field) meets billions of entries."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases = getattr(self, "_aliases", 0) + 1
+        return super().compose_node(parent, index)
+
+    def compose_document(self):
+        node = super().compose_document()
+        if getattr(self, "_aliases", 0):
+            _check_expansion(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -43,6 +71,41 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _check_expansion(root) -> None:
+    """Raise :class:`YamlTooLarge` if the node graph, with every alias expanded, holds more than
+    :data:`MAX_ALIAS_EXPANSION` values beyond the distinct ones written (sizes are memoized per
+    node, so this costs one pass over the distinct nodes), or if an alias refers to itself."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
+                    else node.value if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise YamlTooLarge("an alias (*name) refers to the value that holds it: a scenario value cannot "
+                               "contain itself", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise YamlTooLarge("an alias (*name) refers to the value that holds it: a scenario value "
+                                   "cannot contain itself", child.start_mark)
+            if id(child) not in size:
+                stack.append((child, False))
+    if size[id(root)] - len(size) > MAX_ALIAS_EXPANSION:
+        raise YamlTooLarge(f"its aliases (*name) expand to more than {MAX_ALIAS_EXPANSION:,} values (a scenario "
+                           f"needs far fewer: nested aliases multiply); write the values out, or nest fewer "
+                           f"aliases", root.start_mark)
+
+
 # Copy the resolver table before extending it: PyYAML shares the per-character lists with
 # SafeLoader, and appending to them would change every other YAML reader in the process.
 StrictLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -54,7 +117,8 @@ def parse_value(text: str) -> Any:
     try:
         return yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"--set value {text!r} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        problem = str(getattr(exc, "problem", None) or exc).splitlines()[0]  # one line, no "in <unicode string>"
+        raise ScenarioError(f"--set value {text!r} is not valid YAML: {problem}") from None
     except RecursionError:
         raise ScenarioError(f"--set value {text[:40]!r}...: nested too deeply to read") from None
     except ValueError as exc:  # a 5000-digit integer

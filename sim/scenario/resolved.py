@@ -14,7 +14,7 @@ from pathlib import Path
 
 from policies.base import EngineLimits
 from sim.hardware.gpus import GPUSpec, get_gpu
-from sim.hardware.kv_capacity import resolve_kv
+from sim.hardware.kv_capacity import expert_parallel, resolve_kv
 from sim.hardware.models import ModelSpec, get_model
 from sim.scenario.schema import Scenario
 
@@ -34,8 +34,14 @@ class Deployment:
         return self.limits.block_size
 
     @property
+    def data_parallel(self) -> int:
+        return self.scenario.hardware.data_parallel
+
+    @property
     def replicas(self) -> int:
-        return self.scenario.replicas.count
+        """Engines simulated: ``replicas.count`` × ``hardware.data_parallel`` (each data-parallel
+        rank schedules its own requests and holds its own KV cache, as in vLLM)."""
+        return self.scenario.replicas.count * self.scenario.hardware.data_parallel
 
     @property
     def table_path(self) -> Path | None:
@@ -43,16 +49,33 @@ class Deployment:
         path = self.scenario.latency.path
         return self.scenario.resolve_path(path) if path else None
 
+    def limits_for(self, policy: str, knobs: dict | None = None) -> EngineLimits:
+        """The limits one policy runs with: unset ``engine.max_num_seqs`` / ``max_num_batched_tokens``
+        take that policy's engine defaults on this GPU, and the KV pool is sized with them
+        (:mod:`sim.scenario.batch_limits`). ``limits`` is the same for policies without defaults of
+        their own."""
+        from sim.scenario.batch_limits import sized_for
+
+        scn = sized_for(self.scenario, self.gpu, policy, knobs)
+        if scn is self.scenario:
+            return self.limits
+        limits = engine_limits(scn, self.model, self.gpu)
+        return self.limits if limits == self.limits else limits
+
     def latency(self):
         """A fresh latency model for one replica (backends keep per-replica state such as warnings)."""
         from sim.latency import make_latency
 
         return make_latency(self.scenario.latency, self.model, self.gpu, self.tensor_parallel, self.block_size,
-                            self.table_path, async_scheduling=self.scenario.engine.async_scheduling)
+                            self.table_path, async_scheduling=self.scenario.engine.async_scheduling,
+                            data_parallel=self.data_parallel, expert_parallel=expert_parallel(self.scenario.hardware))
 
 
 def engine_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec) -> EngineLimits:
     """The engine section with the KV pool computed for this model on this GPU."""
+    from sim.scenario.batch_limits import device_of, sized_for
+
+    scn = sized_for(scn, gpu)  # unset batch limits: the defaults shared by policies without their own
     gpu_blocks, cpu_blocks = resolve_kv(scn, model, gpu)
     e = scn.engine
     return EngineLimits(
@@ -62,6 +85,7 @@ def engine_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec) -> EngineLimits
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens,
         max_model_len=e.max_model_len,
+        device=device_of(gpu, scn.hardware.tensor_parallel),
     )
 
 

@@ -35,7 +35,7 @@ from pydantic import (
 from sim.errors import CbsimError, ScenarioError, nearest
 from sim.hardware.kv_capacity import MAX_KV_BLOCKS
 from sim.scenario.errors import KeyedError, format_validation_error, show_value
-from sim.scenario.overrides import StrictLoader, apply_overrides
+from sim.scenario.overrides import StrictLoader, YamlTooLarge, apply_overrides
 
 GIB = 1 << 30
 
@@ -57,6 +57,7 @@ def _cfg(**extra: Any) -> ConfigDict:
 # MAX_KV_BLOCKS: see sim.hardware.kv_capacity).
 MAX_REQUESTS = 10_000_000
 MAX_REPLICAS = 1024
+MAX_NAME_BYTES = 200  # a scenario name: 255 (NAME_MAX) less "-sweep" and the temporary folders' affixes
 MAX_TOKENS = 10**9  # any token count (lengths, limits): far above every model's context, inside int64
 
 
@@ -76,13 +77,30 @@ class ModelSpecConfig(BaseModel):
     head_dim: int | None = Field(None, gt=0, description="per-head width; null: hidden_size / num_heads")
     intermediate_size: int = Field(gt=0, description="MLP width (required)")
     vocab_size: int = Field(gt=0, description="vocabulary size (required)")
-    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="weight and KV-cache dtype")
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="activation dtype (and of weights "
+                                                                       "and KV cache unless quantized)")
     tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
+    num_experts: int | None = Field(None, ge=0, description="routed experts per MoE layer; null/0: a dense MLP")
+    num_experts_per_tok: int | None = Field(None, ge=0, description="experts each token is routed to (MoE top-k)")
+    moe_intermediate_size: int | None = Field(None, ge=0, description="width of one routed expert (MoE)")
+    shared_expert_intermediate_size: int | None = Field(None, ge=0, description="width of the always-on "
+                                                        "shared expert (MoE); null/0: none")
+    sliding_window: int | None = Field(None, ge=0, description="window of the sliding-window layers, tokens; "
+                                       "null/0: none")
+    num_sliding_layers: int | None = Field(None, ge=0, description="how many layers use sliding_window")
+    quantization: Literal["fp8"] | None = Field(None, description="fp8: w8a8 FP8 linear layers (1 byte per "
+                                                "weight); null: weights in dtype")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpecConfig:
         from sim.hardware.models import get_model
 
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            # never rounded: a head_dim of 333 for 1000 / 3 would price other matrices than the model's
+            raise KeyedError("head_dim", f"not given, and hidden_size {self.hidden_size} is not a multiple of "
+                                         f"num_heads {self.num_heads} ({self.hidden_size} / {self.num_heads} = "
+                                         f"{self.hidden_size / self.num_heads:.6g}); set head_dim (the per-head "
+                                         f"width) or make hidden_size a multiple of num_heads")
         try:
             spec = get_model(self)
         except CbsimError as exc:
@@ -91,42 +109,76 @@ class ModelSpecConfig(BaseModel):
         return self
 
 
+class HfModelConfig(BaseModel):
+    """A model read from a Hugging Face ``config.json`` (``sim.hardware.hf_config``)."""
+
+    model_config = _cfg()
+
+    hf_config: str = Field(description="path of a Hugging Face config.json, or of the folder holding it "
+                                       "(required); relative paths are tried from the current directory, "
+                                       "then from the scenario file's folder")
+    name: str | None = Field(None, description="a name for the model in outputs; null: the config's folder")
+    quantization: Literal["fp8"] | None = Field(None, description="fp8: price the weights as w8a8 FP8 even "
+                                                "if the config has no quantization_config; null: as the config says")
+
+
 # ------------------------------------------------------------------------------------------------
 # hardware, latency, engine
 # ------------------------------------------------------------------------------------------------
+class GpuConfig(BaseModel):
+    """An inline GPU, for one that is not in ``sim.hardware.gpus.GPUS`` (datasheet figures)."""
+
+    model_config = _cfg()
+
+    name: str = Field("inline-gpu", description="a name for the GPU in outputs")
+    memory_gib: float = Field(gt=0, description="device memory as the device reports it, GiB "
+                                                "(torch.cuda.mem_get_info total; required)")
+    bf16_tflops: float = Field(gt=0, description="dense BF16 Tensor Core TFLOP/s (required)")
+    memory_bandwidth_gbps: float = Field(gt=0, description="device memory bandwidth, GB/s (required)")
+    pcie_gbps: float = Field(32.0, gt=0, description="host <-> device bandwidth, one direction, GB/s")
+    fp8_tflops: float = Field(0.0, ge=0, description="dense FP8 Tensor Core TFLOP/s; 0: no FP8 Tensor Cores")
+    link_gbps: float | None = Field(None, gt=0, description="GPU <-> GPU bandwidth, one direction, GB/s "
+                                                           "(NVLink); null: pcie_gbps")
+    link_latency_us: float = Field(10.0, ge=0, description="fixed cost of one collective, microseconds")
+
+
 class Hardware(BaseModel):
     """The GPUs of ONE replica (a tensor-parallel group); ``replicas.count`` copies it."""
 
     model_config = _cfg()
 
-    gpu: str = Field("h200", description="GPU id: h100-sxm, h200, a100-80gb, l40s, cpu (sim.hardware.gpus.GPUS)")
-    count: int = Field(1, ge=1, description="GPUs per replica; must equal tensor_parallel (the default "
-                                            "follows it); total GPUs = count × replicas.count")
+    gpu: str | GpuConfig = Field("h200", description="GPU id: h100-sxm, h200, h100-pcie, a100-80gb, a100-40gb, "
+                                                     "l40s, b200, rtx-pro-6000, rtx-4090, cpu "
+                                                     "(sim.hardware.gpus.GPUS), or an inline spec")
+    count: int = Field(1, ge=1, description="GPUs per replica; must equal tensor_parallel × data_parallel "
+                                            "(the default follows them); total GPUs = count × replicas.count")
     tensor_parallel: int = Field(1, ge=1, description="tensor-parallel GPUs: weights and KV heads are "
                                                       "sharded over them")
+    data_parallel: int = Field(1, ge=1, le=1024, description="data-parallel attention ranks (vLLM's "
+                               "--data-parallel-size): each is its own engine (scheduler, KV cache) on "
+                               "tensor_parallel GPUs, requests spread over them by replicas.router")
+    expert_parallel: bool = Field(False, description="vLLM's --enable-expert-parallel (MoE models): the "
+                                  "experts are split over tensor_parallel × data_parallel GPUs instead of "
+                                  "each expert's width over tensor_parallel")
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="fraction of GPU memory vLLM may "
                                           "use for weights, activations and KV cache (vLLM's flag)")
-    activation_reserve_gib: float = Field(
-        1.0, ge=0,
+    activation_reserve_gib: float | None = Field(
+        None, ge=0,
         description="GiB per GPU kept for activations and non-torch memory, subtracted before KV "
-                    "blocks are counted; stands in for vLLM's profiling pass (1 GiB: about the "
-                    "peak activation memory of Llama-3-8B at 8192 batched tokens)")
-    # Why 1 GiB: vLLM measures the peak memory of a forward pass over max_num_batched_tokens
-    # tokens. For Llama-3-8B at 8192 tokens in bf16 that peak is the MLP of one layer: the
-    # gate/up output (8192 x 28672 x 2 B = 448 MiB) plus its SwiGLU product (224 MiB) plus the
-    # hidden and residual streams (2 x 64 MiB), about 0.8 GiB, plus cuBLAS/NCCL workspaces and
-    # the sampler's logits (256 x 128256 fp32 = 125 MiB): roughly 1 GiB. Bigger models or token
-    # budgets need more; pin engine.num_gpu_blocks to match a real server exactly.
+                    "blocks are counted; null: estimated as vLLM's profiling pass would measure it "
+                    "(forward pass at engine.max_num_batched_tokens, sampler at max_num_seqs, "
+                    "non-torch memory: sim.hardware.memory_profile)")
 
     @model_validator(mode="after")
     def _check(self) -> Hardware:
+        gpus = self.tensor_parallel * self.data_parallel
         if "count" not in self.model_fields_set:
-            self.count = self.tensor_parallel
-        elif self.count != self.tensor_parallel:
-            raise KeyedError("count", f"{self.count} GPUs per replica but hardware.tensor_parallel is "
-                                      f"{self.tensor_parallel}: one replica is one tensor-parallel group, so "
-                                      f"set both to the same value (or drop count: it follows "
-                                      f"tensor_parallel); use replicas.count for more copies")
+            self.count = gpus
+        elif self.count != gpus:
+            raise KeyedError("count", f"{self.count} GPUs per replica but hardware.tensor_parallel × "
+                                      f"data_parallel is {gpus}: one replica is one tensor × data parallel "
+                                      f"group, so set count to that (or drop count: it follows them); use "
+                                      f"replicas.count for more copies")
         return self
 
 
@@ -144,9 +196,16 @@ class Latency(BaseModel):
                                                "table, unused otherwise")
     overhead_s: float | None = Field(None, ge=0, description="per-step fixed overhead in seconds "
                                      "(roofline, table); null: the backend's own default")
+    compute_efficiency: float | None = Field(None, gt=0, le=1, description="roofline: fraction of the dense "
+                                             "peak FLOP/s each operator reaches; null: 0.8 (sim.latency.roofline)")
+    memory_efficiency: float | None = Field(None, gt=0, le=1, description="roofline: fraction of the memory "
+                                            "bandwidth each operator reaches; null: 0.8")
 
     @model_validator(mode="after")
     def _check(self) -> Latency:
+        for key in ("compute_efficiency", "memory_efficiency"):
+            if self.backend != "roofline" and getattr(self, key) is not None:
+                raise KeyedError(key, f"only used by backend 'roofline', not {self.backend!r}")
         if self.backend == "constant" and self.step_s is None:
             raise KeyedError("step_s", "required for backend 'constant' (seconds per step)")
         if self.backend != "constant" and self.step_s is not None:
@@ -166,23 +225,38 @@ class Engine(BaseModel):
     model_config = _cfg()
 
     block_size: int = Field(16, ge=1, le=MAX_TOKENS, description="tokens per KV block (a power of two)")
-    max_num_seqs: int = Field(256, ge=1, le=MAX_TOKENS, description="most requests running at once")
-    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS,
-                                        description="token budget of one step (>= block_size)")
+    max_num_seqs: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                     description="most requests running at once; null: each policy's engine "
+                                                 "default on this GPU (vllm-v1: vLLM 0.32's, e.g. 1024 on "
+                                                 "H100/H200; others 256; `cbsim policies`)")
+    max_num_batched_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                               description="token budget of one step (>= block_size); null: "
+                                                           "each policy's engine default on this GPU "
+                                                           "(vllm-v1: vLLM 0.32's, e.g. 8192 on H100/H200, "
+                                                           "2048 on A100/L40S; others 8192)")
     max_model_len: int = Field(8192, ge=1, le=MAX_TOKENS,
                                description="longest prompt + output; longer requests are rejected")
     swap_space_gib: float = Field(4.0, ge=0, description="GiB of host memory per GPU for swapped-out KV blocks")
     num_gpu_blocks: int | None = Field(None, ge=1, le=MAX_KV_BLOCKS,
                                        description="pin the usable KV block count; null: computed from "
                                                    "memory as vLLM does (sim.hardware.kv_capacity)")
-    enable_prefix_caching: bool = Field(False, description="reuse KV blocks of identical prompt prefixes "
-                                                           "(policies that support it)")
+    enable_prefix_caching: bool | None = Field(None, description="reuse KV blocks of identical prompt "
+                                                                 "prefixes (policies that support it); null: "
+                                                                 "each engine's default (on in vllm-v1, as in "
+                                                                 "vLLM V1)")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", description="KV cache dtype (vLLM's "
+                                                   "--kv-cache-dtype): auto = the model's dtype; fp8 = one "
+                                                   "byte per element (more blocks, cheaper attention reads)")
+    async_scheduling: bool = Field(True, description="vLLM's async scheduling (on by default in current vLLM): "
+                                                     "the engine's CPU time per step (a table's engine_cpu) "
+                                                     "overlaps the GPU's, a step takes the larger of the two; "
+                                                     "false: their sum")
 
     @model_validator(mode="after")
     def _check(self) -> Engine:
         if self.block_size & (self.block_size - 1):
             raise KeyedError("block_size", f"must be a power of two, got {self.block_size}")
-        if self.max_num_batched_tokens < self.block_size:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.block_size:
             raise KeyedError("max_num_batched_tokens", f"must be >= block_size ({self.block_size}), "
                                                        f"got {self.max_num_batched_tokens}")
         return self
@@ -217,7 +291,8 @@ class Arrival(BaseModel):
         return self
 
 
-_DIST_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "p99"), "trace": ()}
+_DIST_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "p99"), "azure-conv": (),
+                "trace": ()}
 
 
 class LengthDist(BaseModel):
@@ -225,9 +300,10 @@ class LengthDist(BaseModel):
 
     model_config = _cfg()
 
-    dist: Literal["fixed", "uniform", "lognormal", "trace"] = Field(
-        "fixed", description="fixed {value}, uniform {min, max} (inclusive), lognormal {mean, p99}, or "
-                             "trace (the trace's own lengths)")
+    dist: Literal["fixed", "uniform", "lognormal", "azure-conv", "trace"] = Field(
+        "fixed", description="fixed {value}, uniform {min, max} (inclusive), lognormal {mean, p99}, azure-conv "
+                             "(the Azure conversation trace's lengths by quantiles, built in), or trace (the "
+                             "trace's own lengths)")
     value: int | None = Field(None, ge=1, le=MAX_TOKENS, description="tokens (fixed)")
     min: int | None = Field(None, ge=1, le=MAX_TOKENS, description="smallest length (uniform)")
     max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="largest length (uniform)")
@@ -318,13 +394,14 @@ def _default_arrival() -> Arrival:
 
 
 def _default_prompt() -> LengthDist:
-    # Azure LLM inference trace, conversation (Patel et al., Splitwise, ISCA'24): mean 1155, p99 4142.
-    return LengthDist(dist="lognormal", mean=1155, p99=4142)
+    # Azure LLM inference trace, conversation (Patel et al., Splitwise, ISCA'24), by its quantiles
+    # (sim.workload.azure_conv): mean 1155, median 1020, p99 4142.
+    return LengthDist(dist="azure-conv")
 
 
 def _default_output() -> LengthDist:
-    # Same trace: output mean 211, p99 601.
-    return LengthDist(dist="lognormal", mean=211, p99=601)
+    # Same trace: output mean 211, median 129, p99 601 (bimodal: no lognormal matches all three).
+    return LengthDist(dist="azure-conv")
 
 
 class Workload(BaseModel):
@@ -340,11 +417,13 @@ class Workload(BaseModel):
                              description="arrival process; default Poisson at 1 req/s (with a trace: its "
                                          "timestamps)")
     prompt_tokens: LengthDist = Field(default_factory=_default_prompt,
-                                      description="prompt lengths; default lognormal mean 1155, p99 4142 (Azure "
-                                                  "conversation trace; with a trace: its lengths)")
+                                      description="prompt lengths; default azure-conv: the Azure conversation "
+                                                  "trace's (mean 1155, median 1020, p99 4142; with a trace: "
+                                                  "its lengths)")
     output_tokens: LengthDist = Field(default_factory=_default_output,
-                                      description="output lengths (where EOS comes); default lognormal mean 211, "
-                                                  "p99 601 (Azure conversation trace; with a trace: its lengths)")
+                                      description="output lengths (where EOS comes); default azure-conv: the Azure "
+                                                  "conversation trace's (mean 211, median 129, p99 601; with a "
+                                                  "trace: its lengths)")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
                                    description="the clients' max_tokens for every request (outputs "
                                    "longer are cut to it); null: max_model_len - prompt for synthetic lengths, "
@@ -490,6 +569,99 @@ class Replicas(BaseModel):
         "round-robin", description="how arrivals are spread over replicas")
 
 
+# ------------------------------------------------------------------------------------------------
+# disaggregation (sim.disaggregation): prefill and decode pools with a KV transfer between them
+# ------------------------------------------------------------------------------------------------
+class DisaggPool(BaseModel):
+    """One pool of a disaggregated deployment: identical instances of one engine.
+
+    ``hardware`` and ``engine`` given here are merged over the scenario's own sections when the
+    scenario is loaded (keys left out take the scenario's values; ``hardware.count`` follows the
+    pool's parallel layout); null uses the scenario's sections as they are."""
+
+    model_config = _cfg()
+
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="instances in this pool, each on its "
+                                                                "hardware.count GPUs")
+    hardware: Hardware | None = Field(None, description="GPUs of one instance of this pool; keys left out "
+                                                        "take the scenario's hardware; null: the scenario's")
+    engine: Engine | None = Field(None, description="engine limits of this pool's instances (e.g. a large "
+                                                    "token budget for prefill, many seqs for decode); keys "
+                                                    "left out take the scenario's engine; null: the scenario's")
+    latency: Latency | None = Field(None, description="step time model of this pool (a table measured on "
+                                                      "its GPU); null: the scenario's latency")
+    policy: PolicyEntry = Field(default_factory=lambda: PolicyEntry(name="vllm-v1"),
+                                description="the scheduler of this pool's instances, with its knobs; it "
+                                            "must hand KV blocks over (vllm-v1)")
+
+    @model_validator(mode="after")
+    def _check(self) -> DisaggPool:
+        from policies.base import EngineLimits
+        from policies.kv.paged import PagedKVManager
+
+        cls = policy_registry()[self.policy.name]
+        if not isinstance(getattr(cls(EngineLimits(), **self.policy.knobs()), "kv", None), PagedKVManager):
+            raise KeyedError("policy.name", f"{self.policy.name!r} cannot hand a request's KV blocks to "
+                                            f"another instance (it has no paged KV manager); use vllm-v1")
+        return self
+
+
+class Transfer(BaseModel):
+    """The KV transfer from a prefill instance to a decode instance."""
+
+    model_config = _cfg()
+
+    link: Literal["per-decode", "per-prefill", "per-pair", "shared"] = Field(
+        "per-decode", description="which transfers queue behind each other: one link into each decode "
+                                  "instance (its NIC), out of each prefill instance, per (prefill, decode) "
+                                  "pair, or one link shared by all")
+    bandwidth_gbps: float = Field(50.0, gt=0, description="bandwidth of one link, GB/s (50: one 400 Gb/s "
+                                                          "RDMA NIC; an instance with one NIC per GPU has "
+                                                          "that many times it)")
+    latency_s: float = Field(0.0, ge=0, description="fixed cost of one transfer, seconds (connection, "
+                                                    "handshake, metadata)")
+
+
+class Disaggregation(BaseModel):
+    """Prefill/decode disaggregation: prefill instances compute the prompt and the first token, the
+    request's KV blocks travel over a link, a decode instance generates the rest."""
+
+    model_config = _cfg()
+
+    label: str | None = Field(None, min_length=1, description="name of the disaggregated run in "
+                                                              "outputs; null: xPyD (e.g. 2P1D)")
+    prefill: DisaggPool = Field(default_factory=DisaggPool, description="the prefill pool")
+    decode: DisaggPool = Field(default_factory=DisaggPool, description="the decode pool")
+    transfer: Transfer = Field(default_factory=Transfer, description="the KV transfer between them")
+    router: Literal["round-robin", "least-outstanding", "least-kv", "prefix-affinity"] = Field(
+        "least-outstanding", description="how arrivals are spread over prefill instances, and prefilled "
+                                         "requests over decode instances")
+
+    @property
+    def name(self) -> str:
+        """The label of the disaggregated run (``label``, or xPyD)."""
+        return self.label or f"{self.prefill.replicas}P{self.decode.replicas}D"
+
+
+def _inherit_pool_sections(data: Any) -> Any:
+    """Merge each pool's partial ``hardware`` and ``engine`` over the scenario's (raw data)."""
+    if not isinstance(data, dict) or not isinstance(data.get("disaggregation"), dict):
+        return data
+    data = {**data, "disaggregation": dict(data["disaggregation"])}
+    for pool in ("prefill", "decode"):
+        section = data["disaggregation"].get(pool)
+        if not isinstance(section, dict):
+            continue
+        section = dict(section)
+        for key in ("hardware", "engine"):
+            own, base = section.get(key), data.get(key)
+            if isinstance(own, dict) and isinstance(base, dict):
+                inherited = {k: v for k, v in base.items() if not (key == "hardware" and k == "count")}
+                section[key] = {**inherited, **own}
+        data["disaggregation"][pool] = section
+    return data
+
+
 def _default_policies() -> list[dict]:
     return [{"name": "vllm-v1"}]
 
@@ -501,9 +673,10 @@ class Scenario(BaseModel):
 
     name: str = Field("scenario", min_length=1, description="names the results folder and plot titles")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="seeds the synthetic workload (same seed, same requests)")
-    model: str | ModelSpecConfig = Field(
+    model: str | HfModelConfig | ModelSpecConfig = Field(
         "llama-3-8b", description="model id (llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, qwen2.5-7b, "
-                                  "tiny) or an inline spec")
+                                  "tiny), ORG/NAME of a config.json found locally (cbsim models), "
+                                  "{hf_config: PATH}, or an inline spec")
     hardware: Hardware = Field(default_factory=Hardware, description="GPUs of one replica")
     latency: Latency = Field(default_factory=Latency, description="step time model")
     workload: Workload = Field(default_factory=Workload, description="requests")
@@ -520,6 +693,9 @@ class Scenario(BaseModel):
     replicas: Replicas = Field(default_factory=Replicas, description="engine copies and the router")
     cost_per_gpu_hour: float | None = Field(None, ge=0, description="price of one GPU-hour, for cost "
                                                                     "per request; null: no cost figures")
+    disaggregation: Disaggregation | None = Field(
+        None, description="prefill/decode disaggregation, simulated besides the colocated policies "
+                          "(sim.disaggregation); null: none")
 
     _source: str | None = PrivateAttr(None)
 
@@ -532,6 +708,11 @@ class Scenario(BaseModel):
             shown = {"/": "'/'", "\\": "a backslash", "\x00": "a NUL character"}.get(bad, "")
             raise ValueError(f"must be a plain folder name (it names results/<name>/), got {name!r}"
                              + (f": it contains {shown}" if shown else ""))
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > MAX_NAME_BYTES:  # checked here, not by the file system after the whole simulation
+            raise ValueError(f"must be at most {MAX_NAME_BYTES} bytes (it names results/<name>/ and "
+                             f"results/<name>-sweep/; file systems allow 255 bytes per folder name, less the "
+                             f"room of cbsim's temporary folders), got {size} bytes: {name[:40]!r}...")
         return name
 
     @model_validator(mode="before")
@@ -540,7 +721,7 @@ class Scenario(BaseModel):
         # The default policy list is data, so it is validated (against the registry) like any entry.
         if isinstance(data, dict) and "policies" not in data:
             data = {**data, "policies": _default_policies()}
-        return data
+        return _inherit_pool_sections(data)
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
@@ -559,17 +740,44 @@ class Scenario(BaseModel):
             model.check_tp(self.hardware.tensor_parallel)
         except CbsimError as exc:
             raise KeyedError("hardware.tensor_parallel", str(exc)) from None
+        if self.hardware.expert_parallel:
+            try:
+                model.check_ep(self.hardware.tensor_parallel * self.hardware.data_parallel)
+            except CbsimError as exc:
+                raise KeyedError("hardware.expert_parallel", str(exc)) from None
         seen: dict[str, int] = {}
         for i, entry in enumerate(self.policies):
             if entry.label in seen:
                 raise KeyedError(f"policies.{i}.label", f"{entry.label!r} is already the label of "
                                  f"policies.{seen[entry.label]}; give each entry a distinct label")
             seen[entry.label] = i
+        if self.disaggregation is not None:
+            self._check_disaggregation(model, seen)
         prefix = self.workload.prefix
         if prefix is not None and prefix.prefix_len >= self.engine.max_model_len:
             raise KeyedError("workload.prefix.prefix_len", f"must be < engine.max_model_len "
                                                            f"({self.engine.max_model_len})")
         return self
+
+    def _check_disaggregation(self, model, labels: dict[str, int]) -> None:
+        from sim.hardware.gpus import get_gpu
+
+        dis = self.disaggregation
+        if dis.name in labels:
+            raise KeyedError("disaggregation.label", f"{dis.name!r} is already the label of "
+                             f"policies.{labels[dis.name]}; give the disaggregated run another label")
+        for pool in ("prefill", "decode"):
+            hw = getattr(dis, pool).hardware
+            if hw is None:
+                continue
+            try:
+                get_gpu(hw.gpu)
+            except CbsimError as exc:
+                raise KeyedError(f"disaggregation.{pool}.hardware.gpu", str(exc)) from None
+            try:
+                model.check_tp(hw.tensor_parallel)
+            except CbsimError as exc:
+                raise KeyedError(f"disaggregation.{pool}.hardware.tensor_parallel", str(exc)) from None
 
     # --- derived ----------------------------------------------------------------------------
     @property
@@ -596,6 +804,8 @@ class Scenario(BaseModel):
         generator keys (arrival, lengths) are left out: they are unused, and reloading the
         dict gives them their defaults again."""
         data = self.model_dump(mode="json")
+        if data.get("disaggregation") is None:  # absent is the same scenario: saved files stay as they were
+            data.pop("disaggregation", None)
         if self.workload.requests is not None:
             for key in ("arrival", "prompt_tokens", "output_tokens", "trace", "prefix"):
                 data["workload"].pop(key)
@@ -605,6 +815,8 @@ class Scenario(BaseModel):
             trace["path"] = self._absolute(trace["path"])
         if data["latency"].get("path"):
             data["latency"]["path"] = self._absolute(data["latency"]["path"])
+        if isinstance(data["model"], dict) and data["model"].get("hf_config"):
+            data["model"]["hf_config"] = self._absolute(data["model"]["hf_config"])
         return data
 
     def _absolute(self, path: str) -> str:
@@ -641,12 +853,25 @@ def load_scenario(source: Any, overrides=()) -> Scenario:
         raise ScenarioError(f"a scenario is a YAML file, a mapping or a Scenario, not {type(source).__name__}")
     defaults = {"policies": _default_policies()}
     data = apply_overrides(data, overrides, defaults)
+    _hf_config_beside(data, origin)
     try:
         scn = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(format_validation_error(exc, Scenario, where, overrides)) from None
     scn._source = origin
     return scn
+
+
+def _hf_config_beside(data: Any, origin: str | None) -> None:
+    """A relative ``model.hf_config`` that is not found from the current directory is read from
+    the scenario file's folder (as trace and table paths are), so examples run from anywhere."""
+    model = data.get("model") if isinstance(data, dict) else None
+    path = model.get("hf_config") if isinstance(model, dict) else None
+    if not isinstance(path, str) or origin is None or Path(path).is_absolute() or Path(path).exists():
+        return
+    beside = Path(origin).parent / path
+    if beside.exists():
+        model["hf_config"] = str(beside)
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -669,10 +894,13 @@ def read_yaml(path: str | Path) -> dict:
         raise ScenarioError(f"{path}: nested too deeply to read (thousands of levels of [ or {{)") from None
     except ValueError as exc:  # a value YAML parses but Python cannot hold: a 5000-digit integer
         raise ScenarioError(f"{path}: unreadable value: {str(exc).split(';')[0]}") from None
+    except YamlTooLarge as exc:
+        mark = exc.problem_mark
+        raise ScenarioError(f"{path}:{mark.line + 1}:{mark.column + 1}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = (getattr(exc, "problem", None) or str(exc)).splitlines()[0]  # one line: no "in <unicode string>"
         raise ScenarioError(f"{path}{at}: YAML syntax error: {problem}") from None
     if data is None:
         raise ScenarioError(f"{path} is empty; a scenario needs at least a workload and policies "

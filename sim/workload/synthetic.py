@@ -29,6 +29,9 @@ Lengths (``prompt_tokens``, ``output_tokens``), integers >= 1:
   ``mean = exp(μ + σ²/2)``, so ``ln(p99/mean) = zσ − σ²/2`` and σ = z − √(z² − 2·ln(p99/mean))
   (the root below z; a solution needs mean < p99 <= e^(z²/2)·mean ≈ 14.97·mean), then
   μ = ln(mean) − σ²/2. Draws are rounded to the nearest integer.
+- ``azure-conv`` (the default): the Azure LLM conversation trace's own prompt or output lengths,
+  drawn through its quantiles (:mod:`sim.workload.azure_conv`: a lognormal cannot match that
+  trace's bimodal outputs, mean 211 / median 129 / p99 601);
 - ``trace``: the trace's column (see above).
 Synthetic lengths are kept servable: a prompt is clipped to ``max_model_len − 1`` tokens and an
 output to ``max_model_len − prompt`` (a model cannot generate past its context). Trace and
@@ -83,8 +86,9 @@ def synthetic_arrivals(arrival, n: int, seed: int) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(gaps)))[:n] / arrival.rate
 
 
-def sample_lengths(dist, n: int, generator: np.random.Generator) -> np.ndarray:
-    """``n`` integer lengths from a fixed, uniform or lognormal ``LengthDist``."""
+def sample_lengths(dist, n: int, generator: np.random.Generator, field: str = "prompt") -> np.ndarray:
+    """``n`` integer lengths from a fixed, uniform, lognormal or azure-conv ``LengthDist`` (the
+    last one's table depends on ``field``, "prompt" or "output")."""
     if dist.dist == "fixed":
         return np.full(n, dist.value, dtype=np.int64)
     if dist.dist == "uniform":
@@ -92,6 +96,10 @@ def sample_lengths(dist, n: int, generator: np.random.Generator) -> np.ndarray:
     if dist.dist == "lognormal":
         mu, sigma = lognormal_params(dist.mean, dist.p99)
         return np.rint(generator.lognormal(mu, sigma, n)).astype(np.int64)
+    if dist.dist == "azure-conv":
+        from sim.workload.azure_conv import sample
+
+        return sample(field, n, generator)
     raise ValueError(f"no synthetic length distribution {dist.dist!r}")
 
 
@@ -140,7 +148,7 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         output = trace.output_tokens[rows]
     else:
         room = np.maximum(max_len - prompt, 1)
-        output = np.clip(sample_lengths(w.output_tokens, n, rng(scenario.seed, OUTPUT)), 1, room)
+        output = np.clip(sample_lengths(w.output_tokens, n, rng(scenario.seed, OUTPUT), "output"), 1, room)
 
     if w.max_tokens is not None:
         output = np.minimum(output, w.max_tokens)
@@ -160,6 +168,7 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     if w.prefix is not None:
         groups = rng(scenario.seed, PREFIX).integers(0, w.prefix.num_groups, size=n).tolist()
 
+    arrivals = _fit_to_clock(scenario, np.asarray(arrivals, dtype=float), replay)
     order = np.argsort(arrivals, kind="stable")
     width = max(6, len(str(max(n - 1, 0))))
     specs = []
@@ -180,6 +189,20 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     return specs
 
 
+def _fit_to_clock(scenario: Scenario, arrivals: np.ndarray, replay: bool) -> np.ndarray:
+    """The arrivals, checked against the float clock's resolution (:mod:`sim.workload.clock`)."""
+    from sim.workload.clock import fit_to_clock
+
+    w = scenario.workload
+    if replay:
+        scale = f" and workload.trace.rate_scale {w.trace.rate_scale:g}" if w.trace.rate_scale != 1 else ""
+        return fit_to_clock(arrivals, f"workload.trace.path ({w.trace.path})",
+                            f"its arrival_s must be seconds (are they milliseconds or nanoseconds?){scale}")
+    return fit_to_clock(arrivals, "workload.arrival.rate",
+                        f"raise workload.arrival.rate ({w.arrival.rate:g} req/s spreads "
+                        f"{len(arrivals)} requests over that span)")
+
+
 def _written_out(scenario: Scenario) -> list[RequestSpec]:
     w = scenario.workload
     width = max(6, len(str(len(w.requests) - 1)))
@@ -195,6 +218,14 @@ def _written_out(scenario: Scenario) -> list[RequestSpec]:
         specs.append(RequestSpec(rid, float(r.arrival_s), r.prompt_tokens, r.output_tokens, max_tokens,
                                  r.priority, ((("req", rid), r.prompt_tokens),)))
     specs.sort(key=lambda s: s.arrival_s)  # stable: ties keep the listed order
+    from dataclasses import replace
+
+    from sim.workload.clock import fit_to_clock
+
+    arrivals = np.array([s.arrival_s for s in specs])
+    fitted = fit_to_clock(arrivals, "workload.requests.*.arrival_s", "write arrival_s in seconds from the start")
+    if fitted is not arrivals:
+        specs = [replace(s, arrival_s=float(t)) for s, t in zip(specs, fitted.tolist())]
     return specs
 
 

@@ -1,0 +1,81 @@
+"""Steady-state figures: a run's latencies and rates with its warm-up and drain left out.
+
+Why: a finite run starts empty and ends draining. Its first requests find an idle server (short
+queues, small batches, fast steps) and its last ones a server that is emptying, so whole-run
+percentiles flatter the server, and a short run at a rate the server cannot sustain ends before
+its backlog shows. A planner needs the figures of the server *while it carries the load*.
+
+The rule (documented in the README, "Steady state"): with ``first`` and ``last`` the first and
+last arrival and ``service`` the median time a finished request spent from admission to its last
+token (how long the batch takes to turn over), the **steady window** is
+
+    [first + cut, last − cut),   cut = max(WARMUP_FRACTION × (last − first), service)
+
+and its figures are those of the requests that *arrive* in it: by then the batch has turned over
+at least once since the first arrival, and each of them is served while arrivals continue. A
+window shorter than ``MIN_WINDOW_TURNOVERS`` turnovers (``service``) or holding fewer than
+``MIN_WINDOW_REQUESTS`` requests is *too short* to tell a steady server from one whose queue is
+still building: no steady figures (``too_short``; ``requests_in_window`` says how many), and the
+planners grow the run (:func:`needed_scale` says by how much).
+
+``offered_rps`` is the arrival rate in the window; ``achieved_rps`` the rate at which requests
+(any of them) finished in it. A server that keeps up achieves what is offered; one that cannot
+falls behind and achieves its saturated throughput, whatever the offered rate.
+
+:func:`saturated_throughput` is that ceiling, measured on a run where every request arrives at
+once: the finish rate over the middle of the finishes (10th to 90th percentile), i.e. without the
+first batch's fill and the last one's drain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+WARMUP_FRACTION = 0.1
+MIN_WINDOW_REQUESTS = 200
+MIN_WINDOW_TURNOVERS = 10
+
+
+def turnover_s(requests: pd.DataFrame) -> float:
+    """Median seconds from admission to last token of the finished requests (0 without any)."""
+    fin = requests[requests["state"] == "finished"]
+    service = fin["finish_s"].to_numpy(dtype=float) - fin["admitted_s"].to_numpy(dtype=float)
+    service = service[~np.isnan(service)]
+    return float(np.median(service)) if service.size else 0.0
+
+
+def needed_scale(requests: pd.DataFrame) -> float:
+    """By how much the run (its request count, at the same rate) must grow for its steady window
+    to be long enough (1.0 when it is)."""
+    if requests.empty:
+        return 2.0
+    arrivals = requests["arrival_s"].to_numpy(dtype=float)
+    span = float(arrivals.max() - arrivals.min())
+    turnover = turnover_s(requests)
+    need_span = (MIN_WINDOW_TURNOVERS + 2) * turnover / (1 - 2 * WARMUP_FRACTION)
+    need = max(need_span / span if span > 0 else 2.0,
+               (MIN_WINDOW_REQUESTS / (1 - 2 * WARMUP_FRACTION)) / len(requests))
+    return max(1.0, need)
+
+
+def steady_window(requests: pd.DataFrame) -> tuple[float, float] | None:
+    """``(start_s, end_s)`` of the steady window (module doc); None when it is empty."""
+    if requests.empty:
+        return None
+    arrivals = requests["arrival_s"].to_numpy(dtype=float)
+    first, last = float(arrivals.min()), float(arrivals.max())
+    cut = max(WARMUP_FRACTION * (last - first), turnover_s(requests))
+    start, end = first + cut, last - cut
+    return (start, end) if end > start else None
+
+
+def saturated_throughput(requests: pd.DataFrame) -> float | None:
+    """Finished requests per second between the 10th- and 90th-percentile finish times of a run
+    whose requests all arrived at once (module doc); None with too few finishes to tell."""
+    finish = np.sort(requests.loc[requests["state"] == "finished", "finish_s"].to_numpy(dtype=float))
+    if finish.size < 10:
+        return None
+    lo, hi = int(0.1 * finish.size), int(0.9 * finish.size)
+    span = finish[hi] - finish[lo]
+    return float((hi - lo) / span) if span > 0 else None

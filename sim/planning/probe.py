@@ -1,0 +1,177 @@
+"""One planning probe: does a policy meet the SLO at a load, judged so the answer can be trusted?
+
+Why a module of its own: ``cbsim capacity`` and ``cbsim plan`` both ask "does this load meet the
+SLO?" many times, and a finite run answers it badly in two ways: its warm-up and drain flatter the
+latencies, and a run too short to build a backlog meets the SLO at loads no server sustains. So
+every probe here is judged by three rules:
+
+1. **Saturation.** No load at or above the *saturated throughput* (the finish rate when every
+   request arrives at once: :func:`sim.metrics.steady.saturated_throughput`) is sustainable: the
+   queue grows without bound, however long the SLO takes to notice. Such a probe violates without
+   being simulated, so a capacity never exceeds the saturated throughput and a plan never gives a
+   replica more than it can serve.
+2. **Steady state.** The verdict is the summary's ``steady.slo_met``: the SLO percentiles of the
+   requests arriving in the steady window, warm-up and drain left out (:mod:`sim.metrics.steady`).
+3. **Probe size.** The run starts with the scenario's ``workload.num_requests`` and doubles until
+   its steady window is long enough to judge (at least ``MIN_WINDOW_TURNOVERS`` batch turnovers:
+   the first too-short run says how many doublings that takes, :func:`sim.metrics.steady.needed_scale`)
+   and then until two sizes in a row give the same verdict, up to ``MAX_GROWTH`` times the start.
+   Sizes stay on the ladder ``num_requests × 2^k``, so scenarios whose sizes differ by a power of
+   two probe the same runs. If the bound is reached first the verdict of the largest run is used
+   and the probe is marked *unstable* (the CLI warns, naming the sizes tried). One shortcut: a
+   violation by a clear margin (a bounded steady percentile above ``CLEAR_VIOLATION`` × its bound,
+   in a window long enough to judge) is final at once: more requests only lengthen a queue, and
+   warm-up is already left out. A *met* verdict is always confirmed at twice the size, since a
+   short run is exactly what hides a slowly growing queue. A searcher that probes many loads
+   passes ``start`` (the first size that was long enough before) to skip the too-short runs.
+
+A label is a colocated policy entry or the scenario's disaggregated entry (``disaggregation.label``,
+e.g. ``1P2D``: :func:`is_disaggregated`). A disaggregated topology is judged as one unit: its
+saturated throughput is that of a burst through the whole topology (prefill pool, links, decode
+pool), and its load is the whole arrival rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MAX_GROWTH = 32  # probe sizes from num_requests up to 32 × num_requests
+BURST_RATE = 1e6  # requests per second: every request arrives within a few milliseconds
+CLEAR_VIOLATION = 1.25
+BURST_SLOTS_FACTOR = 4  # a burst holds at least 4 × max_num_seqs requests, so the batch stays full
+
+
+@dataclass
+class Verdict:
+    """The answer of one probe, with how it was reached."""
+
+    met: bool
+    stable: bool  # two probe sizes in a row agreed (or the load is above saturation)
+    saturated: bool  # decided by rule 1, without a run
+    sizes: list[tuple[int, bool | None]] = field(default_factory=list)  # (num_requests, steady verdict)
+    summary: dict = field(default_factory=dict, repr=False)  # of the largest run
+
+    @property
+    def runs(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def first_judged(self) -> int | None:
+        """The first probe size whose steady window was long enough to judge."""
+        return next((n for n, v in self.sizes if v is not None), None)
+
+
+def is_disaggregated(scn, label: str) -> bool:
+    """Whether ``label`` names the scenario's disaggregated entry (not a colocated policy)."""
+    return scn.disaggregation is not None and label == scn.disaggregation.name
+
+
+def saturated_rate(scn, label: str, overrides=()) -> tuple[float | None, int]:
+    """(saturated throughput in requests per second of one replica of ``label``, or of the whole
+    topology of a disaggregated label; requests in the burst that measured it)."""
+    from sim.metrics.steady import saturated_throughput
+
+    res, n = saturated_run(scn, label, overrides)
+    return saturated_throughput(res.requests), n
+
+
+def burst_size(scn, label: str) -> int:
+    """Requests in the burst that measures ``label``'s saturated throughput: the scenario's
+    ``num_requests``, but at least ``BURST_SLOTS_FACTOR`` times the most requests one replica
+    runs at once, so the batch stays full; for a disaggregated topology, the most either pool's
+    instances run at once together (requests pass through both pools)."""
+    from sim.runner import policy_knobs
+    from sim.scenario.resolved import resolve
+
+    if is_disaggregated(scn, label):
+        from sim.disaggregation.run import resolve_pool
+
+        pools = [resolve_pool(scn, name, policy_knobs) for name in ("prefill", "decode")]
+        slots = max(p.instances * p.limits.max_num_seqs for p in pools)
+    else:
+        entry = next(e for e in scn.policies if (e.label or e.name) == label)
+        slots = resolve(scn).limits_for(entry.name, policy_knobs(scn, entry)).max_num_seqs
+    return max(int(scn.workload.num_requests or 0), BURST_SLOTS_FACTOR * slots)
+
+
+def saturated_run(scn, label: str, overrides=()):
+    """(the burst run that measures ``label``'s saturated throughput, its request count): every
+    request arriving at once on one replica, or on the whole topology of a disaggregated label
+    (:func:`saturated_rate`; the quickstart's story also reads how full the batch and memory were
+    while it ran)."""
+    from sim.runner import run
+    from sim.scenario.schema import load_scenario
+
+    one = load_scenario(scn, list(overrides))
+    if not is_disaggregated(one, label):
+        one = load_scenario(one, ["replicas.count=1"])
+    n = burst_size(one, label)
+    res = run(one, [f"workload.num_requests={n}", f"workload.arrival.rate={BURST_RATE!r}"], policies=[label])
+    return res, n
+
+
+def _clearly_violated(steady: dict, slo) -> bool:
+    pct = f"p{getattr(slo, 'percentile', 99):g}"
+    for metric in ("ttft_s", "tpot_s", "e2e_s"):
+        bound = getattr(slo, metric, None)
+        value = (steady.get(metric) or {}).get(pct)
+        if bound is not None and value is not None and value > CLEAR_VIOLATION * bound:
+            return True
+    return False
+
+
+def judge(scn, label: str, overrides, load_per_replica: float, saturated: float | None,
+          max_growth: int = MAX_GROWTH, start: int | None = None) -> Verdict:
+    """The verdict at ``overrides`` (the probe's rate, replica count, ...): rules 1-3 above."""
+    from sim.metrics.steady import needed_scale
+    from sim.runner import run
+    from sim.scenario.schema import load_scenario
+
+    if saturated is not None and load_per_replica >= saturated:
+        return Verdict(met=False, stable=True, saturated=True)
+    base = load_scenario(scn, list(overrides))
+    n0 = int(base.workload.num_requests or 0) or 1
+    sizes: list[tuple[int, bool | None]] = []
+    summary: dict = {}
+    n, stable = (start if start and n0 <= start <= n0 * max_growth else n0), False
+    while True:
+        result = run(base, [f"workload.num_requests={n}"], policies=[label])
+        summary = result.summaries[label]
+        verdict = summary["steady"]["slo_met"]
+        if verdict is not None and sizes and sizes[-1][1] == verdict:
+            sizes.append((n, verdict))
+            stable = True
+            break
+        if verdict is False and base.slo is not None and _clearly_violated(summary["steady"], base.slo):
+            sizes.append((n, verdict))
+            stable = True
+            break
+        sizes.append((n, verdict))
+        if n >= n0 * max_growth:
+            break
+        steps = 1
+        if verdict is None:  # too short: jump to the first size whose window is long enough
+            steps = max(1, math.ceil(math.log2(needed_scale(result.requests))))
+        n = min(n * 2**steps, n0 * max_growth)
+    final = sizes[-1][1]
+    if final is None:  # no steady window even at the bound: the whole run's verdict
+        final = bool(summary["slo_met"])
+    return Verdict(met=bool(final), stable=stable, saturated=False, sizes=sizes, summary=summary)
+
+
+def judge_saturation_last(scn, label: str, overrides, load_per_replica: float,
+                          saturated: Callable[[], float | None], **kw) -> Verdict:
+    """:func:`judge` with rule 1 checked last: the runs first, then, only if they meet, the
+    saturated throughput (``saturated()``, a burst). The verdict's ``met`` is the same as
+    :func:`judge` given the saturated throughput up front (rule 1 only ever turns a *met* into a
+    violation); a searcher whose every candidate has a saturated throughput of its own (each
+    xPyD layout of the disaggregated planner) then measures it only for the candidates that meet."""
+    v = judge(scn, label, overrides, load_per_replica, None, **kw)
+    if not v.met:
+        return v
+    sat = saturated()
+    if sat is not None and load_per_replica >= sat:
+        return Verdict(met=False, stable=True, saturated=True, sizes=v.sizes, summary=v.summary)
+    return v

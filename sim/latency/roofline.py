@@ -112,11 +112,20 @@ class RooflineLatency(LatencyModel):
         the per-sequence ones (the LM head runs once per real sequence)."""
         if not shape.padding_tokens:
             return flops
+        return flops - self._row_flops() * shape.padding_tokens - self._attn_pair_flops * shape.padding_ctx
+
+    def recompute_flops(self, tokens: int, pairs: float) -> float:
+        """FLOPs of recomputed tokens as :meth:`breakdown` charged them (per-token operators, experts
+        and attention; the LM head runs for the sequence's new token, which is useful work)."""
+        return self._row_flops() * tokens + self._attn_pair_flops * pairs
+
+    def _row_flops(self) -> float:
+        """FLOPs one token row costs in the per-token operators and the routed experts."""
         per_token = sum(f for f, _w, _act, _rate, per_seq in self._linears if not per_seq)
         if self._local_experts:
             m = self.model
             per_token += self._expert_flops_per_row * m.num_experts_per_tok * self._local_experts / m.num_experts
-        return flops - per_token * shape.padding_tokens - self._attn_pair_flops * shape.padding_ctx
+        return per_token
 
     def comm_time(self, shape) -> float:
         """Seconds of tensor- and expert-parallel communication in a step (part of its time)."""

@@ -30,9 +30,12 @@ SCENARIO = overload_scenario("interrupt-me", num_requests=3000, rate=1000.0, pol
                              horizon_s=60.0)
 
 WRAPPER = textwrap.dedent('''
-    import os, sys, time
+    import os, signal, sys, time
     from pathlib import Path
 
+    # Ctrl-C in a terminal: a shell without job control starts background jobs with SIGINT ignored,
+    # and a child inherits that; a user's interactive cbsim gets Python's default handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     marker, phase = Path(os.environ["CBSIM_TEST_MARKER"]), os.environ["CBSIM_TEST_PHASE"]
     if phase == "simulate":  # every scheduling step takes a little wall time
         from policies.vllm_v1 import VllmV1Policy

@@ -302,18 +302,16 @@ class DecodePricer:
     to ``C`` has decode context ``C + b·j`` (keys read: each request's context plus its new token).
 
     A latency model may provide ``price_decodes(num_seqs, context, k) -> (seconds, flops,
-    bytes)`` (arrays). The roofline and constant models are priced here with NumPy, term by term
-    as their ``price`` computes one step (checked against it on the first and last step of every
-    stretch). Any other model is priced one step at a time through its own ``price``."""
+    bytes)`` (arrays), as the roofline and table models do. The constant model is priced here with
+    NumPy, term by term as its ``price`` computes one step (checked against it on the last step of
+    every stretch). Any other model is priced one step at a time through its own ``price``."""
 
     def __init__(self, latency: LatencyModel) -> None:
         from sim.latency.constant import ConstantLatency
-        from sim.latency.roofline import RooflineLatency
 
         self.latency = latency
         self.custom = getattr(latency, "price_decodes", None)
-        kind = type(latency)
-        self.kind = "roofline" if kind is RooflineLatency else "constant" if kind is ConstantLatency else None
+        self.kind = "constant" if type(latency) is ConstantLatency else None
 
     @staticmethod
     def shape(b: int, context: int, j: int) -> StepShape:
@@ -341,11 +339,7 @@ class DecodePricer:
         # LatencyModel.step_flops_bytes, term by term
         flops = lat._flops_per_token * b + lat._attn_flops_per_pair * (0.0 + d)
         bytes_ = lat._weight_bytes + lat.kv_bytes_per_token * (d + b) + lat._act_bytes_per_token * b
-        if self.kind == "roofline":
-            dts = np.maximum(flops / lat.compute_rate, bytes_ / lat.memory_rate) + lat.overhead_s
-        else:
-            dts = np.full(k, lat.step_s, dtype=np.float64)
-        dts = np.asarray(dts, dtype=np.float64)
+        dts = np.full(k, lat.step_s, dtype=np.float64)
         # the model's own price of the last step must agree (a guard against drift)
         dt, f, by = lat.price(self.shape(b, context, k), None)
         if not (dt == dts[-1] and f == flops[-1] and by == bytes_[-1]):

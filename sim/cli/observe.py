@@ -31,6 +31,10 @@ def observe_cmd(
                                                            "text), token-ids, or text"),
     read_timeout: float = typer.Option(120.0, "--read-timeout", help="seconds a request may wait for the server's "
                                                                      "next bytes before it counts as failed"),
+    content_seed: int = typer.Option(None, "--content-seed", help="seed of the prompts' token content (default: "
+                                                                  "fresh each run, recorded in RUN, so a repeat "
+                                                                  "never hits the prefix cache an earlier run "
+                                                                  "left on the server)"),
     set_: list[str] = typer.Option(None, "--set", help="override a scenario field, a.b.c=value"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ):
@@ -48,7 +52,7 @@ def observe_cmd(
     with _Progress(not quiet) as bar:
         try:
             obs = observe(scn, url, out, model_name=model, api=api, prompts=prompts, read_timeout_s=read_timeout,
-                          on_change=bar.update)
+                          content_seed=content_seed, on_change=bar.update)
         except KeyboardInterrupt:
             bar.stop()
             err = Console(stderr=True, soft_wrap=True)

@@ -15,6 +15,7 @@ values the server was started with). ``config_sources`` in the run names the ori
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ class Observer:
     """One observation: set up, then :meth:`run` (async), then :meth:`document` (always possible)."""
 
     def __init__(self, scenario, url: str, model_name: str | None, api: str, prompts: str, read_timeout_s: float,
-                 seed_offset: int = 0):
+                 content_seed: int | None = None):
         from sim.scenario.resolved import resolve
         from sim.workload.synthetic import build_workload
 
@@ -79,6 +80,12 @@ class Observer:
         self.facts_before: dict[str, Any] | None = None
         self.facts_after: dict[str, Any] | None = None
         self.text_counts: list[int | None] = []
+        # Prompt content is drawn from its own seed, fresh per observation unless given: the same
+        # scenario observed twice on one server would otherwise resend the same tokens, and the
+        # server's prefix cache (left warm by the first run) would serve the repeat's prompts.
+        if content_seed is not None and not (isinstance(content_seed, int) and 0 <= content_seed < 2 ** 63):
+            raise CbsimError(f"--content-seed: expected an integer 0 <= seed < 2**63, got {content_seed!r}")
+        self.content_seed = secrets.randbelow(2 ** 63) if content_seed is None else content_seed
 
     # ---------------------------------------------------------------------------------------------
     async def run(self, on_change=None) -> None:
@@ -129,7 +136,7 @@ class Observer:
         mode = self.prompts
         if mode == "auto":
             mode = "text" if self.api == "chat" else await self._probe_token_ids(session)
-        seed = self.scenario.seed
+        seed = self.content_seed
         if mode == "token-ids":
             vocab = self.deployment.model.vocab_size
             self.prompt_mode = "token-ids"
@@ -174,7 +181,8 @@ class Observer:
         server = {"before": before, "after": after or None,
                   "preemptions": preemptions_between(before, after) if after else None}
         observe = {"url": self.url, "endpoint": self.endpoint, "api": self.api, "served_model": self.model_name,
-                   "prompt_mode": self.prompt_mode, "read_timeout_s": self.read_timeout_s,
+                   "prompt_mode": self.prompt_mode, "content_seed": self.content_seed,
+                   "read_timeout_s": self.read_timeout_s,
                    "wall_clock_start_unix_s": self.state.t0_unix_s or None,
                    "scenario": scn.model_dump(mode="json", exclude_none=True)}
         return run_document(self.records, source=source, engine=engine, model=self.deployment.model.to_dict(),
@@ -261,10 +269,11 @@ class _TokenCounter:
 
 
 def observe(scenario, url: str, out: str | Path, *, model_name: str | None = None, api: str = "completions",
-            prompts: str = "auto", read_timeout_s: float = 120.0, on_change=None) -> Observed:
+            prompts: str = "auto", read_timeout_s: float = 120.0, content_seed: int | None = None,
+            on_change=None) -> Observed:
     """Observe one run and write it to ``out``; returns what was written. Ctrl-C writes what was
     measured (marked incomplete) and then raises KeyboardInterrupt."""
-    obs = Observer(scenario, url, model_name, api, prompts, read_timeout_s)
+    obs = Observer(scenario, url, model_name, api, prompts, read_timeout_s, content_seed)
     out = Path(out)
     if out.exists() and out.is_dir():
         raise CbsimError(f"--out: {out} is a folder; give the run file's path (e.g. {out}/run.json)")

@@ -314,3 +314,12 @@ def test_decodes_beside_a_chunk_cost_one_unpacked_query_tile_per_head_in_fa2_onl
     comp = kdb.compose(rtx, _grids(kdb))
     assert "decode_attn_mixed" in comp.table.components
     assert "unpacked_gqa_tiles" in comp.table.metadata["provenance"]["modelled"]["decode_attn_mixed"]
+
+
+def test_every_table_states_its_known_limits_and_the_fa2_one_its_measured_bias(rtx, tp1, kdb):
+    """A planner reads, in metadata.json and on the console, what the database cannot see; where the
+    table is of the one kind checked on a real run (FA2), the measured bias, signed."""
+    fa2 = kdb.known_limits(rtx)
+    assert "TTFT -19.9 %" in fa2 and "optimistic under load" in fa2
+    fa3 = tp1.table.metadata["provenance"]["known_limits"]
+    assert "unequal contexts" in fa3 and "no real serving run on this GPU has been checked" in fa3

@@ -622,6 +622,7 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                 "fp8": "w8a8 FP8 GEMMs (per-tensor scales) and MoE; attention and KV cache in bf16"
                     if db.dtype == "fp8" else None,
             },
+            "known_limits": known_limits(db),
             "operator_sources": sources,
             "grids": {"linear.tokens": list(g.tokens), "per_seq.sequences": list(g.sequences),
                       "prefill_attn.chunk_tokens": list(g.chunk_tokens), "prefill_attn.context": list(g.context),
@@ -631,6 +632,20 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
     }
     meta["provenance"]["modelled"] = {k: v for k, v in meta["provenance"]["modelled"].items() if v is not None}
     return meta
+
+
+def known_limits(db: KernelDb) -> str:
+    """What a user of this table should know before trusting it with a purchase: what the database
+    cannot see, and the one real run it has been checked on (README, "Accuracy against real GPU runs")."""
+    text = ("the database measures pure-decode batches at one context only: decodes that share a step with a "
+            "prefill chunk, and batches of unequal contexts, are priced as if alone and even")
+    if db.prices_mixed_decodes:
+        text += (" (FlashAttention-2 runs both slower; the modelled unpacked-tile term covers part of it). Checked "
+                 "on one real run of this kind (vLLM 0.19, Llama-3.1-8B, RTX PRO 6000, 10.3 req/s, near capacity): "
+                 "mean TTFT -19.9 %, TPOT -8.2 %, E2E -11.2 %, i.e. optimistic under load")
+    else:
+        text += "; no real serving run on this GPU has been checked against a table of this kind yet"
+    return text
 
 
 def _op_names(comp: Composition) -> list[str]:

@@ -234,6 +234,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     console.print(f"linear({ref} tokens) {float(lin.values[axis.index(ref)]) * 1e3:.3f} ms; agreement with "
                   f"{prov['package']}'s own step predictions on {err['n']} steps: mean |rel| "
                   f"{err['mean_abs_rel']:.1%}, p90 {err['p90_abs_rel']:.1%}", highlight=False, markup=False)
+    console.print(f"known limits: {prov['known_limits']}", highlight=False, markup=False)
     console.print(f"table: {out}/ (table.csv, metadata.json)", highlight=False, markup=False)
 
 

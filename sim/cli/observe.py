@@ -19,8 +19,8 @@ INCOMPLETE = 1
 
 @app.command("observe")
 def observe_cmd(
-    scenario: Path = typer.Argument(..., help="scenario YAML whose workload is sent (same seed, same requests "
-                                              "as `cbsim run`)"),
+    scenario: Path = typer.Argument(..., help="scenario YAML whose workload is sent (the same arrivals and "
+                                              "lengths as `cbsim run`)"),
     url: str = typer.Option(..., "--url", help="the server, e.g. http://127.0.0.1:8000"),
     out: Path = typer.Option(..., "--out", "-o", help="run file to write (JSON, format: "
                                                        "sim/recorded/request_run.py)"),

@@ -13,9 +13,9 @@ Why it is built this way:
   sends no per-chunk usage gets one token per chunk with content, and its final usage is compared.
 - **Lengths as the workload says.** ``max_tokens`` is the workload's output length, with
   ``ignore_eos`` (vLLM) and ``min_tokens`` so a model that would stop early does not.
-- **Failures are data.** An HTTP error (4xx/5xx, e.g. 429), a broken stream, or a server silent
-  for ``read_timeout_s`` ends that request with its error; a refused or dropped connection means
-  the server is gone and stops the run (:class:`ServerGone`). Whatever was measured until then
+- **Failures are data.** An HTTP error (4xx/5xx, e.g. 429), a stream that ends short, or a server
+  silent for ``read_timeout_s`` ends that request with its error; a refused or dropped connection,
+  or a stream broken off mid-answer, means the server is gone and stops the run (:class:`ServerGone`). Whatever was measured until then
   stays in the records.
 """
 

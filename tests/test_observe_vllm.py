@@ -5,13 +5,16 @@ Llama written locally; 127.0.0.1 only), calibrate on the first, validate on the 
 Both workloads stay well under the server's capacity: past it, this machine's own noise swamps any
 prediction (``../shared/reference/vllm-cpu-runs/repeats/``: the same workload three times varied 2.3x
 in mean TTFT). Marked ``timing`` so ``make test`` runs it alone, after the parallel phase: another
-test on the second core would change the server's speed between the two runs.
+test on the second core would change the server's speed between the two runs. The first workload is
+observed again after the second: when its own repeat moved by more than 10 % in mean TPOT, the
+machine changed speed in between, and the pair is observed once more (the drift is printed).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,6 +33,14 @@ pytestmark = [pytest.mark.timing, pytest.mark.slow]
 pytest.importorskip("aiohttp")
 
 LIMIT = 0.25
+DRIFT = 0.10  # A observed twice: beyond this the machine, not cbsim, moved
+MAX_ATTEMPTS = 2
+
+
+def mean_tpot(path) -> float:
+    """Mean TPOT of an observed run, as the client measured it."""
+    reqs = json.loads(Path(path).read_text())["requests"]
+    return sum((r["last_token_s"] - r["first_token_s"]) / (r["output_tokens"] - 1) for r in reqs) / len(reqs)
 
 
 def workload_a() -> dict:
@@ -62,14 +73,27 @@ def vllm_env():
 def test_observe_calibrate_validate_on_a_real_vllm(vllm_env, tmp_path, capsys):
     model_dir = write_model(tmp_path / "tiny-llama")
     log_path = tmp_path / "vllm.log"
-    runs = {}
+    runs, drifts = {}, []
     with vllm_server(model_dir, log_path) as url:
-        for name, scn in (("a", workload_a()), ("b", workload_b())):
+
+        def observe(name, scn):
             path = tmp_path / f"{name}.yaml"
             path.write_text(yaml.safe_dump(scn))
             runs[name] = tmp_path / f"run_{name}.json"
             code, out, err = run_cli(capsys, "observe", path, "--url", url, "--out", runs[name], "-q")
             assert code == 0, f"{out}\n{err}"
+
+        # A, B, then A again: B is predicted from A's speed, so the pair only tests cbsim when the
+        # machine kept its speed in between. This shared machine's speed moves by up to 30 % within a
+        # minute (bench/observe_accuracy.py); when A's own repeat shows that, B and A are observed once more.
+        observe("a", workload_a())
+        for attempt in range(MAX_ATTEMPTS):
+            observe("b", workload_b())
+            observe("a_again", workload_a())
+            drifts.append(mean_tpot(runs["a_again"]) / mean_tpot(runs["a"]) - 1)
+            if abs(drifts[-1]) <= DRIFT or attempt == MAX_ATTEMPTS - 1:
+                break
+            runs["a"] = runs.pop("a_again").rename(tmp_path / f"run_a_{attempt + 1}.json")  # B's new predecessor
     # every request measured, each with exactly the tokens it asked for, by the stream and by the server
     for name, scn in (("a", workload_a()), ("b", workload_b())):
         doc = json.loads(runs[name].read_text())
@@ -102,6 +126,7 @@ def test_observe_calibrate_validate_on_a_real_vllm(vllm_env, tmp_path, capsys):
         lines.append(f"{how}: TTFT mean {e['ttft_mean']:+.1%}, TPOT mean {e['tpot_mean']:+.1%}, "
                      f"E2E mean {e['e2e_mean']:+.1%} (measured TTFT {res['real']['ttft_mean'] * 1e3:.1f} ms, "
                      f"TPOT {res['real']['tpot_mean'] * 1e3:.2f} ms)")
+    lines.append("A's own repeat moved mean TPOT by " + ", ".join(f"{d:+.1%}" for d in drifts))
     print("\n".join(lines))
     for res in figures.values():
         assert res["real"]["requests"] == res["sim"]["requests"] == workload_b()["workload"]["num_requests"]

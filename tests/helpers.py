@@ -28,6 +28,20 @@ FAKE_SPEC = ModelSpec("fake", FAKE_MODEL.num_layers, FAKE_MODEL.hidden_size, FAK
 FAKE_GPU = SimpleNamespace(name="fake", peak_flops=1e12, hbm_bandwidth=1e11, pcie_bandwidth=1e9,
                            memory_bytes=10**10)
 
+# A five-request scenario of the tiny model on a constant clock: the base the bad-input tests
+# break one field of at a time.
+TINY_SCENARIO = {
+    "name": "tiny",
+    "model": "tiny",
+    "hardware": {"gpu": "cpu"},
+    "latency": {"backend": "constant", "step_s": 0.01},
+    "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate": 2.0},
+                 "prompt_tokens": {"dist": "fixed", "value": 20},
+                 "output_tokens": {"dist": "fixed", "value": 5}},
+    "engine": {"num_gpu_blocks": 64, "max_model_len": 512, "max_num_batched_tokens": 512},
+    "policies": [{"name": "vllm-v1"}],
+}
+
 
 def specs_from(lengths, prompt=4, arrival=0.0):
     return [RequestSpec(f"R{i + 1}", arrival, prompt, out, out) for i, out in enumerate(lengths)]
@@ -146,6 +160,22 @@ def drive_paged_policy(policy, workload, max_steps=5000, *, before_schedule=None
         raise AssertionError(f"not drained after {max_steps} steps")
     assert policy.kv_blocks_used() == 0 and policy.blocks.free_gpu_blocks == policy.limits.num_gpu_blocks
     return finished, rejected
+
+
+def engine_step(policy, *, check_invariants: bool = False):
+    """One engine step of a policy driven directly: schedule, emit tokens, finish the requests at
+    their ``max_tokens`` (ignore_eos); the policy's own invariant check after it when asked."""
+    plan = policy.schedule()
+    finished = [r for r in emit_tokens(plan) if r.num_output_tokens >= r.max_tokens]
+    policy.finish_step(plan, finished)
+    if check_invariants:
+        policy.check_invariants()
+    return plan, finished
+
+
+def scheduled_tokens(plan) -> dict[str, int]:
+    """Request id -> tokens the step computes for it."""
+    return {r.id: n for r, n in zip(plan.scheduled, plan.num_new_tokens)}
 
 
 @contextmanager

@@ -15,22 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import run_cli
+from tests.helpers import TINY_SCENARIO, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 CBSIM = Path(sys.executable).parent / "cbsim"
 
-BASE = {
-    "name": "bad-input",
-    "model": "tiny",
-    "hardware": {"gpu": "cpu"},
-    "latency": {"backend": "constant", "step_s": 0.01},
-    "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate": 2.0},
-                 "prompt_tokens": {"dist": "fixed", "value": 20},
-                 "output_tokens": {"dist": "fixed", "value": 5}},
-    "engine": {"num_gpu_blocks": 64, "max_model_len": 512, "max_num_batched_tokens": 512},
-    "policies": [{"name": "vllm-v1"}],
-}
+BASE = {**TINY_SCENARIO, "name": "bad-input"}
 
 
 def scenario_file(tmp_path: Path, data: dict | None = None, name: str = "s.yaml") -> Path:

@@ -22,24 +22,13 @@ from sim.cli import main as cli
 from sim.scenario.errors import show_value
 from sim.scenario.overrides import MAX_ALIAS_EXPANSION
 from tests.fuzz_profiles import examples
-from tests.helpers import run_cli, wall_clock_limit
+from tests.helpers import TINY_SCENARIO, run_cli, wall_clock_limit
 
 REPO = Path(__file__).resolve().parents[1]
 ORACLE = REPO.parent / "shared" / "reference" / "oracle"
 CPU_RUNS = REPO.parent / "shared" / "reference" / "vllm-cpu-runs"
 
-BASE = {
-    "name": "bad-input-cli",
-    "model": "tiny",
-    "hardware": {"gpu": "cpu"},
-    "latency": {"backend": "constant", "step_s": 0.01},
-    "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate": 2.0},
-                 "prompt_tokens": {"dist": "fixed", "value": 20},
-                 "output_tokens": {"dist": "fixed", "value": 5}},
-    "engine": {"num_gpu_blocks": 64, "max_model_len": 512, "max_num_batched_tokens": 512},
-    "policies": [{"name": "vllm-v1"}],
-    "slo": {"ttft_s": 1.0},
-}
+BASE = {**TINY_SCENARIO, "name": "bad-input-cli", "slo": {"ttft_s": 1.0}}
 UNWRITABLE = Path("/sys/cbsim-test")  # read-only even for root (sysfs); skipped where it is not
 
 

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.base import EngineLimits, Request, Status, emit_tokens
+from policies.base import EngineLimits, Request, Status
 from policies.registry import make_policy
 from policies.sglang import SglangPolicy
 from tests.fuzz_profiles import examples
-from tests.helpers import FAKE_GPU, FAKE_MODEL, wall_clock_limit
+from tests.helpers import FAKE_GPU, FAKE_MODEL, engine_step, wall_clock_limit
+from tests.helpers import scheduled_tokens as sched
 from tests.policy_invariants import drive
 from tests.test_property_policies import limits_st, make_requests, workload_st
 
@@ -26,16 +27,7 @@ def req(rid: str, *runs, max_tokens: int = 10, seq: int = 0) -> Request:
 
 
 def step(pol: SglangPolicy):
-    """One engine step; a request ends at its max_tokens (ignore_eos)."""
-    plan = pol.schedule()
-    done = [r for r in emit_tokens(plan) if r.num_output_tokens >= r.max_tokens]
-    pol.finish_step(plan, done)
-    pol.check_invariants()
-    return plan, done
-
-
-def sched(plan) -> dict[str, int]:
-    return {r.id: n for r, n in zip(plan.scheduled, plan.num_new_tokens)}
+    return engine_step(pol, check_invariants=True)
 
 
 def run_until_idle(pol, limit=10_000):

@@ -6,11 +6,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.base import EngineLimits, Request, Status, emit_tokens
+from policies.base import EngineLimits, Request, Status
 from policies.registry import make_policy
 from policies.tgi import TgiPolicy
 from tests.fuzz_profiles import examples
-from tests.helpers import wall_clock_limit
+from tests.helpers import engine_step, wall_clock_limit
+from tests.helpers import scheduled_tokens as sched
 from tests.policy_invariants import drive
 from tests.test_property_policies import limits_st, make_requests, workload_st
 
@@ -23,15 +24,7 @@ def req(rid: str, prompt: int, max_tokens: int, seq: int = 0, runs=None) -> Requ
 
 
 def step(pol: TgiPolicy):
-    plan = pol.schedule()
-    done = [r for r in emit_tokens(plan) if r.num_output_tokens >= r.max_tokens]
-    pol.finish_step(plan, done)
-    pol.check_invariants()
-    return plan, done
-
-
-def sched(plan) -> dict[str, int]:
-    return {r.id: n for r, n in zip(plan.scheduled, plan.num_new_tokens)}
+    return engine_step(pol, check_invariants=True)
 
 
 def test_admission_reserves_prompt_plus_max_new_tokens_and_stops_at_the_first_that_does_not_fit():

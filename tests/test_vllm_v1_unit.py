@@ -6,9 +6,11 @@ import random
 
 import pytest
 
-from policies.base import EngineLimits, Request, Status, emit_tokens
+from policies.base import EngineLimits, Request, Status
 from policies.registry import POLICIES, make_policy
 from policies.vllm_v1 import VllmV1Policy
+from tests.helpers import engine_step as step
+from tests.helpers import scheduled_tokens as sched
 
 
 def _limits(**kw) -> EngineLimits:
@@ -17,19 +19,6 @@ def _limits(**kw) -> EngineLimits:
     )
     base.update(kw)
     return EngineLimits(**base)
-
-
-def step(policy: VllmV1Policy):
-    """One engine step; ``max_tokens`` is the true output length (ignore_eos)."""
-    plan = policy.schedule()
-    emitted = emit_tokens(plan)
-    finished = [r for r in emitted if r.num_output_tokens >= r.max_tokens]
-    policy.finish_step(plan, finished)
-    return plan, finished
-
-
-def sched(plan) -> dict[str, int]:
-    return {r.id: n for r, n in zip(plan.scheduled, plan.num_new_tokens)}
 
 
 def ids(reqs) -> list[str]:

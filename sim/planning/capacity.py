@@ -39,7 +39,7 @@ run of the scenario's own size could not show an overload of ``tolerance`` in it
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from sim.errors import CbsimError, nearest
@@ -267,3 +267,22 @@ def capacity(scenario, overrides: Iterable[str] = (), policies: Iterable[str] | 
     execute(search_capacity, [(scn, label, tolerance) for label in labels], keep, backend=backend,
             workers=workers, ray_address=ray_address)
     return {label: results[label] for label in labels}
+
+
+def smallest(met: Callable[[int], bool], hi: int, lo_fail: int = 0) -> int | None:
+    """The smallest ``n`` in ``(lo_fail, hi]`` with ``met(n)``, doubling from ``lo_fail + 1`` then
+    bisecting (``met`` assumed monotone); None when even ``hi`` does not meet."""
+    n, fail = lo_fail + 1, lo_fail
+    while not met(n):
+        fail = n
+        if n >= hi:
+            return None
+        n = min(2 * n, hi)
+    best = n
+    while best - fail > 1:
+        mid = (fail + best) // 2
+        if met(mid):
+            best = mid
+        else:
+            fail = mid
+    return best

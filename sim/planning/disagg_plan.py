@@ -37,10 +37,11 @@ different kinds, all priced at ``cost_per_gpu_hour``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from sim.errors import CbsimError
+from sim.planning.capacity import smallest
 
 DEFAULT_MAX_INSTANCES = 16
 SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s")
@@ -166,25 +167,6 @@ class _Verdicts:
             self.saturation[sat_key], _ = saturated_rate(scn, label)
             self.runs += 1
         return self.saturation[sat_key]
-
-
-def smallest(met: Callable[[int], bool], hi: int, lo_fail: int = 0) -> int | None:
-    """The smallest ``n`` in ``(lo_fail, hi]`` with ``met(n)``, doubling from ``lo_fail + 1`` then
-    bisecting (``met`` assumed monotone); None when even ``hi`` does not meet."""
-    n, fail = lo_fail + 1, lo_fail
-    while not met(n):
-        fail = n
-        if n >= hi:
-            return None
-        n = min(2 * n, hi)
-    best = n
-    while best - fail > 1:
-        mid = (fail + best) // 2
-        if met(mid):
-            best = mid
-        else:
-            fail = mid
-    return best
 
 
 def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layout | None:

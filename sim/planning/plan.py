@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from sim.errors import CbsimError
-from sim.planning.capacity import labels_of, require_rate, require_slo
+from sim.planning.capacity import labels_of, require_rate, require_slo, smallest
 
 DEFAULT_MAX_REPLICAS = 64
 
@@ -91,23 +91,7 @@ def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT
     first = 1 if saturated is None else min(max_replicas, math.floor(target_rate / saturated) + 1)
     if first > 1:
         met(first - 1)  # above saturation: decided without a run, kept as the failing side
-    best = None
-    fail, n = first - 1, first
-    while True:
-        if met(n):
-            best = n
-            break
-        fail = n
-        if n >= max_replicas:
-            break
-        n = min(n * 2, max_replicas)
-    if best is not None:
-        while best - fail > 1:
-            mid = (fail + best) // 2
-            if met(mid):
-                best = mid
-            else:
-                fail = mid
+    best = smallest(met, max_replicas, lo_fail=first - 1)
     per = scn.hardware.count
     c = costs(best, per, target_rate, scn.cost_per_gpu_hour) if best is not None else {}
     s = verdicts[best].summary if best is not None else {}

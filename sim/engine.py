@@ -59,6 +59,20 @@ def fast_forward_default() -> bool:
     return os.environ.get("CBSIM_NO_FAST_FORWARD", "").strip().lower() in ("", "0", "false", "no")
 
 
+def arrivals_on_the_clock(env: simpy.Environment, clock, items, deliver: Callable):
+    """SimPy process body: hand each item (``item.spec.arrival_s`` ascending) to ``deliver`` at its
+    arrival time, keeping ``clock.next_arrival_at`` exactly where SimPy will next wake, which a
+    replica's decode fast-forward must not run past; ``inf`` once every item has arrived."""
+    for item in items:
+        delay = item.spec.arrival_s - env.now
+        if delay > 0:
+            clock.next_arrival_at = env.now + delay  # exactly where SimPy puts the timeout
+            yield env.timeout(delay)
+        clock.next_arrival_at = env.now
+        deliver(item)
+    clock.next_arrival_at = math.inf
+
+
 class Replica:
     """One serving engine: a policy (scheduler + KV memory) and a latency model on a clock."""
 
@@ -388,19 +402,13 @@ class Simulation:
         self.env.process(self.arrivals())
 
     def arrivals(self):
-        env = self.env
-        for rec in self.records:
-            delay = rec.spec.arrival_s - env.now
-            if delay > 0:
-                self.next_arrival_at = env.now + delay  # exactly where SimPy puts the timeout
-                yield env.timeout(delay)
-            self.next_arrival_at = env.now
-            idx = self.router(rec.spec, self.replicas)
-            self.replicas[idx].submit(rec)
-        self.next_arrival_at = math.inf
+        yield from arrivals_on_the_clock(self.env, self, self.records, self._route)
         for rep in self.replicas:
             rep.arrivals_done = True
             rep._kick()
+
+    def _route(self, rec: RequestRecord) -> None:
+        self.replicas[self.router(rec.spec, self.replicas)].submit(rec)
 
     def run(self) -> Recorder:
         if self.horizon_s is not None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import simpy
 
 from sim.disaggregation.handoff import Handoff, HandOffPolicy, pin_blocks, unpin_blocks
-from sim.engine import Replica, fast_forward_default
+from sim.engine import Replica, arrivals_on_the_clock, fast_forward_default
 from sim.metrics.recorder import HORIZON_REACHED, Recorder, explain_unfinished
 from sim.routing import make_router
 
@@ -176,20 +176,14 @@ class DisaggregatedSimulation:
 
     # --- processes --------------------------------------------------------------------------------
     def arrivals(self):
-        env = self.env
-        for h in self.handoffs:
-            delay = h.spec.arrival_s - env.now
-            if delay > 0:
-                self.next_arrival_at = env.now + delay  # exactly where SimPy puts the timeout
-                yield env.timeout(delay)
-            self.next_arrival_at = env.now
-            i = self.prefill_router(h.spec, self.prefill)
-            h.prefill_replica = i
-            self.prefill[i].submit(h.prefill)
-        self.next_arrival_at = math.inf
+        yield from arrivals_on_the_clock(self.env, self, self.handoffs, self._to_prefill)
         self.arrivals_over = True
         for i in range(len(self.prefill)):
             self._prefill_may_stop(i)
+
+    def _to_prefill(self, h: Handoff) -> None:
+        h.prefill_replica = self.prefill_router(h.spec, self.prefill)
+        self.prefill[h.prefill_replica].submit(h.prefill)
 
     def _prefill_may_stop(self, i: int) -> None:
         """Prefill instance ``i`` has nothing more coming once arrivals are over and none of its

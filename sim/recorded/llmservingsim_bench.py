@@ -35,6 +35,7 @@ from typing import Any
 
 from sim.errors import CbsimError
 from sim.recorded.request_run import Fields, RequestRun, RunRequest, check_requests, resolve_config
+from sim.user_files import read_json, read_text
 
 FORMAT = "llmservingsim-bench"
 
@@ -103,12 +104,7 @@ def read_bench(path: str | Path) -> RequestRun:
     if not meta_path.is_file():
         raise CbsimError(f"{folder}: no meta.json beside requests.jsonl; it holds the engine's settings")
     f = Fields(meta_path)
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CbsimError(f"{meta_path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
-    except UnicodeDecodeError:
-        raise CbsimError(f"{meta_path}: not a UTF-8 text file") from None
+    meta = read_json(meta_path, "LLMServingSim bench meta.json")
     if not isinstance(meta, dict):
         raise CbsimError(f"{meta_path}: must hold a JSON object (vllm_version, engine_kwargs, ...)")
     requests = _requests(folder / "requests.jsonl")
@@ -174,10 +170,7 @@ def read_bench(path: str | Path) -> RequestRun:
 def _requests(path: Path) -> list[RunRequest]:
     f = Fields(path)
     rows = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise CbsimError(f"{path}: not a UTF-8 text file") from None
+    lines = read_text(path, "LLMServingSim requests.jsonl").splitlines()
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue

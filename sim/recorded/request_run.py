@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.errors import CbsimError
+from sim import user_files
 
 FORMAT = "cbsim-request-run"
 FORMAT_VERSION = 1
@@ -138,41 +138,11 @@ def write_request_run(run: RequestRun, path: str | Path) -> Path:
 # ------------------------------------------------------------------------------------------------
 # checked access
 # ------------------------------------------------------------------------------------------------
-class Fields:
-    """Typed access to JSON mappings whose errors name the file and the key path."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, where: str, msg: str) -> CbsimError:
-        return CbsimError(f"{self.path}: {where}: {msg}")
-
-    def get(self, obj: Any, key: str, where: str, kind, default: Any = ...) -> Any:
-        at = f"{where}.{key}" if where else key
-        if not isinstance(obj, dict):
-            raise self.fail(where or "(top level)", "expected a JSON object")
-        if key not in obj or obj[key] is None:
-            if default is not ...:
-                return default
-            raise self.fail(at, "required key is missing")
-        value = obj[key]
-        if kind is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        elif kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, kind)
-        if not ok:
-            word = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
-                    dict: "an object", list: "a list"}.get(kind, str(kind))
-            raise self.fail(at, f"expected {word}, got {value!r:.60}")
-        return float(value) if kind is float else value
+class Fields(user_files.Fields):
+    """:class:`sim.user_files.Fields` plus the positive integers run files are full of."""
 
     def positive(self, obj: Any, key: str, where: str, default: Any = ...) -> int:
-        value = self.get(obj, key, where, int, default)
-        if value is not None and value < 1:
-            raise self.fail(f"{where}.{key}", f"must be >= 1, got {value}")
-        return value
+        return self.get(obj, key, where, int, default, minimum=1)
 
 
 def resolve_config(f: Fields, config: dict[str, Any], hardware: dict[str, Any], requests: list[RunRequest],
@@ -241,13 +211,7 @@ def is_request_run(data: Any) -> bool:
 
 def read_request_run_file(p: Path) -> RequestRun:
     """Read a ``cbsim-request-run`` JSON file."""
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CbsimError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
-    except UnicodeDecodeError:
-        raise CbsimError(f"{p}: not a UTF-8 text file") from None
-    return read_request_run_json(data, p)
+    return read_request_run_json(user_files.read_json(p, "cbsim request-level run"), p)
 
 
 def looks_like_request_run(p: Path) -> bool:

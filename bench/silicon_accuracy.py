@@ -1,0 +1,469 @@
+"""cbsim's kernel-db clock against AIConfigurator's public serving measurements (silicon_sample.csv).
+
+What it answers: on the GPUs people buy (H100, H200, B200), how far are cbsim's TTFT and TPOT from
+real vLLM / SGLang / TRT-LLM servers, when the latency table is composed from published kernel
+measurements only (``calib/sources/kernel_db.py``)? ``aiconfigurator-core`` 0.12.0 ships 5,221 real
+serving measurements (Apache-2.0): each row is one engine version, model, GPU, precision and
+TP/EP/DP layout, served closed-loop (a benchmark client keeps ``concurrency`` requests in flight,
+sending the next as soon as one finishes) with fixed input and output lengths, and the measured
+mean TTFT and TPOT. The corpus is a judge: nothing in cbsim is fitted to it.
+
+For every row cbsim can price (:func:`classify` says why the others are skipped), the bench builds
+(and caches under ``bench/.cache/silicon/``, gitignored) one kernel-db table per (GPU, model, TP,
+precision, engine, kernel-database version), simulates the row closed-loop
+(``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
+limits, ``--rounds`` requests per client (the first round is the all-at-once wave the benchmark
+tools also start with), and reports the signed error of mean TTFT and mean TPOT per row, and per
+(GPU, engine, model) group the median and p90 of |error| and the median signed error.
+
+    .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
+
+``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
+The whole priceable set runs in a process pool over rows (``--workers``, default: every core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CACHE = ROOT / "bench" / ".cache" / "silicon"
+
+# engine in the corpus -> cbsim policy that schedules as it does; a row whose policy is not registered
+# (policies/registry.py) is skipped with that reason, so a new policy (trtllm) is picked up by name
+ENGINE_POLICIES = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "trtllm"}
+
+# corpus model names -> the ORG/NAME whose config.json describes the same architecture (shapes only:
+# the table prices kernels by shape). Hugging Face renamed meta-llama's 3.1 repositories from
+# "Meta-Llama-3.1-*" to "Llama-3.1-*"; an Instruct fine-tune and NVIDIA's FP8 checkpoint of it keep
+# the base model's shapes (the precision comes from the row).
+MODEL_ALIASES = {
+    "meta-llama/Llama-3.1-8B": "meta-llama/Meta-Llama-3.1-8B",
+    "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
+}
+PRECISIONS = ("bf16", "fp8")
+ROUNDS = 4  # requests per client: the opening wave plus three rounds of the loop it settles into
+
+
+def corpus_path() -> Path:
+    """``aiconfigurator_core/systems/silicon_sample.csv`` of the installed package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("aiconfigurator-core is not installed: pip install 'cbsim[gpu-data]'")
+    return Path(list(spec.submodule_search_locations)[0]) / "systems" / "silicon_sample.csv"
+
+
+@dataclass
+class Row:
+    id: str
+    engine: str
+    version: str  # the row's engine version ("" when the corpus does not say)
+    model: str  # as the corpus names it
+    system: str  # AIConfigurator's system name
+    precision: str
+    tp: int
+    isl: int
+    osl: int
+    concurrency: int
+    ttft_ms: float
+    tpot_ms: float
+    skip: str = ""  # why cbsim cannot price it ("" = priced)
+    gpu: str = ""  # cbsim GPU id
+    config: str = ""  # the config.json priced
+    policy: str = ""
+
+    @property
+    def table_key(self) -> tuple:
+        return (self.gpu, self.config_name, self.tp, self.precision, self.engine)
+
+    @property
+    def config_name(self) -> str:
+        return MODEL_ALIASES.get(self.model, self.model)
+
+    @property
+    def group(self) -> str:
+        return f"{self.system} {self.engine} {self.model}"
+
+
+def read_rows(path: Path | None = None) -> list[Row]:
+    import pandas as pd
+
+    d = pd.read_csv(path or corpus_path())
+    rows = []
+    for r in d.itertuples(index=False):
+        rows.append(_row(r))
+    return rows
+
+
+def _num(x, default=None):
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(v) else v
+
+
+def _text(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else str(x)
+
+
+def _row(r) -> Row:
+    precision = _text(r.precision) or _text(r.gemm_quant_mode)
+    row = Row(id=r.id, engine=r.backend, version=_text(r.backend_version), model=r.model_path, system=r.system,
+              precision=precision, tp=int(_num(r.tp_size, 0) or 0), isl=int(r.isl), osl=int(r.osl),
+              concurrency=int(_num(r.batch_size, 0) or 0), ttft_ms=float(r.silicon_ttft_ms),
+              tpot_ms=float(r.silicon_tpot_ms))
+    row.skip = _layout_skip(r, row)
+    return row
+
+
+def _layout_skip(r, row: Row) -> str:
+    if r.mode != "agg":
+        return f"mode {r.mode}: disaggregated rows are not replayed yet"
+    if row.tp < 1 or row.concurrency < 1:
+        return "no tp_size or concurrency"
+    if (_num(r.pp_size, 1) or 1) != 1:
+        return f"pipeline parallel {r.pp_size:g}: cbsim has no pipeline parallelism"
+    if (_num(r.attention_dp_size, 1) or 1) != 1:
+        return f"attention data parallel {r.attention_dp_size:g}"
+    if (_num(r.moe_ep_size, 1) or 1) != 1:
+        return f"expert parallel {r.moe_ep_size:g}"
+    return ""
+
+
+def classify(rows: list[Row]) -> None:
+    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` on each row."""
+    from calib.sources.kernel_db import GPU_SYSTEMS
+    from policies.registry import POLICIES
+    from sim.errors import CbsimError
+    from sim.hardware.gpus import GPUS
+    from sim.hardware.model_sources import find_config
+    from sim.hardware.models import get_model
+
+    gpu_of = {v: k for k, v in GPU_SYSTEMS.items()}
+    models: dict[str, tuple[str, str]] = {}  # config name -> (path, error)
+    for row in rows:
+        if row.skip:
+            continue
+        policy = ENGINE_POLICIES.get(row.engine)
+        if policy is None or policy not in POLICIES:
+            row.skip = f"engine {row.engine}: no cbsim policy ({policy or 'none'} is not registered)"
+            continue
+        gpu = gpu_of.get(row.system)
+        if gpu is None or gpu not in GPUS:
+            row.skip = f"GPU {row.system}: not in cbsim's GPU list or the kernel database"
+            continue
+        if row.precision not in PRECISIONS:
+            row.skip = f"precision {row.precision or 'unknown'}: cbsim prices bf16 and fp8"
+            continue
+        name = row.config_name
+        if name not in models:
+            try:
+                found = find_config(name)
+                get_model(name)
+                models[name] = (str(found.path), "")
+            except CbsimError as exc:
+                models[name] = ("", str(exc).split(";")[0][:160])
+        path, err = models[name]
+        if err:
+            row.skip = f"model {row.model}: {err}"
+            continue
+        row.gpu, row.config, row.policy = gpu, path, policy
+
+
+# ------------------------------------------------------------------------------------------------
+# tables: one per (GPU, model, TP, precision, engine), cached by the code that composes them
+# ------------------------------------------------------------------------------------------------
+def code_hash() -> str:
+    """Changes whenever the composition or the simulator's pricing could: the cache's key."""
+    h = hashlib.sha256()
+    for rel in ("calib/sources/kernel_db.py", "sim/latency/table.py", "sim/latency/engine_cpu.py"):
+        h.update((ROOT / rel).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def table_dir(key: tuple, digest: str) -> Path:
+    gpu, config, tp, precision, engine = key
+    slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}"
+    return CACHE / digest / slug
+
+
+def build_one(args) -> tuple[tuple, str, str]:
+    """Build (or find cached) one table; (key, folder, error)."""
+    key, digest = args
+    out = table_dir(key, digest)
+    if (out / "metadata.json").is_file():
+        return key, str(out), ""
+    from calib.sources.kernel_db import build_table
+    from sim.errors import CbsimError
+    from sim.latency.table_format import write_table
+
+    gpu, config, tp, precision, engine = key
+    try:
+        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine)
+    except CbsimError as exc:
+        return key, "", str(exc)[:200]
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    write_table(tmp, comp.table)
+    tmp.rename(out)
+    return key, str(out), ""
+
+
+# ------------------------------------------------------------------------------------------------
+# one row, closed-loop
+# ------------------------------------------------------------------------------------------------
+def scenario_of(row: Row, table: str, rounds: int) -> dict:
+    return {
+        "name": f"silicon-{row.id}",
+        "seed": 0,
+        "model": {"hf_config": row.config, "quantization": "fp8" if row.precision == "fp8" else None},
+        "hardware": {"gpu": row.gpu, "tensor_parallel": row.tp, "count": row.tp},
+        "latency": {"backend": "table", "path": table},
+        "workload": {
+            "num_requests": row.concurrency * rounds,
+            "arrival": {"process": "closed", "concurrency": row.concurrency},
+            "prompt_tokens": {"dist": "fixed", "value": row.isl},
+            "output_tokens": {"dist": "fixed", "value": row.osl},
+            "max_tokens": row.osl,
+        },
+        "engine": {"max_model_len": row.isl + row.osl + 16},
+        "policies": [{"name": row.policy}],
+    }
+
+
+@dataclass
+class Result:
+    id: str
+    group: str
+    ttft_ms: float
+    tpot_ms: float
+    sim_ttft_ms: float = float("nan")
+    sim_tpot_ms: float = float("nan")
+    ttft_err: float = float("nan")
+    tpot_err: float = float("nan")
+    error: str = ""
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def simulate(args) -> Result:
+    row, table, rounds = args
+    import warnings
+
+    import sim
+    from sim.errors import CbsimError
+
+    t0 = time.perf_counter()
+    res = Result(row.id, row.group, row.ttft_ms, row.tpot_ms)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scn = scenario_of(row, table, rounds)
+            try:
+                result = sim.run(scn)
+            except CbsimError as exc:
+                if "arrival.process" not in str(exc):
+                    raise
+                result = _closed_standin(scn)
+        req = result.requests
+        res.sim_ttft_ms = float(req["ttft_s"].mean()) * 1e3
+        res.sim_tpot_ms = float(req["tpot_s"].mean()) * 1e3
+        res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
+        res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
+    except CbsimError as exc:
+        res.error = str(exc)[:200]
+    res.wall_s = time.perf_counter() - t0
+    return res
+
+
+def _closed_standin(scn: dict):
+    """Closed-loop clients before ``workload.arrival.process: closed`` exists on this branch: the
+    scenario's requests handed out ``concurrency`` at t = 0 and each next one when one finishes
+    (think time 0). TEMPORARY: removed once the scenario key lands."""
+    import copy
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from sim.engine import Replica, Simulation
+    from sim.runner import make_policy, make_router, policy_knobs
+    from sim.scenario.resolved import resolve
+    from sim.scenario.schema import load_scenario
+    from sim.workload.synthetic import build_workload
+
+    n = scn["workload"]["arrival"]["concurrency"]
+    d = copy.deepcopy(scn)
+    d["workload"]["arrival"] = {"process": "constant", "rate": 1e6}
+    s = load_scenario(d)
+    specs = build_workload(s)
+    dep = resolve(s)
+    entry = s.policies[0]
+    knobs = policy_knobs(s, entry)
+    limits = dep.limits_for(entry.name, knobs)
+
+    class Closed(Simulation):
+        def arrivals(self):
+            self.pending = list(reversed(self.records[n:]))
+            for rec in self.records[:n]:
+                rec.spec = replace(rec.spec, arrival_s=self.env.now)
+                self._route(rec)
+            yield self.env.timeout(0)
+
+        def send_next(self):
+            if self.pending:
+                rec = self.pending.pop()
+                rec.spec = replace(rec.spec, arrival_s=self.env.now)
+                self._route(rec)
+            elif not getattr(self, "done", False):
+                self.done = True
+                for rep in self.replicas:
+                    rep.arrivals_done = True
+                    rep._kick()
+
+    orig_end = Replica._end
+
+    def _end(self, rec, state, reason=""):
+        orig_end(self, rec, state, reason)
+        self.simulation.send_next()
+
+    Replica._end = _end
+    try:
+        simu = Closed(specs, [(make_policy(entry.name, limits, **knobs), dep.latency())], limits.max_model_len,
+                      router=make_router(s.replicas.router), fast_forward=True)
+        simu.next_arrival_at = math.inf
+        rec = simu.run()
+    finally:
+        Replica._end = orig_end
+    return SimpleNamespace(requests=rec.requests_frame())
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    pos = q * (len(xs) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
+
+
+def groups(results: list[Result]) -> dict[str, dict]:
+    by: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if not r.error:
+            by[r.group].append(r)
+    out = {}
+    for g, rs in sorted(by.items()):
+        entry = {"rows": len(rs)}
+        for metric in ("ttft", "tpot"):
+            errs = [getattr(r, f"{metric}_err") for r in rs]
+            entry[metric] = {"median_abs": quantile([abs(e) for e in errs], 0.5),
+                             "p90_abs": quantile([abs(e) for e in errs], 0.9),
+                             "median_signed": quantile(errs, 0.5)}
+        out[g] = entry
+    return out
+
+
+def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
+    skipped = defaultdict(int)
+    for r in rows:
+        if r.skip:
+            skipped[r.skip] += 1
+    print(f"corpus: {len(rows)} rows; priced {len(results)}; skipped {sum(skipped.values())}")
+    for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])[:25 if not verbose else None]:
+        print(f"  skipped {n:5d}: {reason}")
+    if len(skipped) > 25 and not verbose:
+        print(f"  ... {len(skipped) - 25} more reasons (--verbose lists them all)")
+    if verbose:
+        print("\nper row (signed error of the mean: sim / real - 1)")
+        for r in sorted(results, key=lambda r: (r.group, r.id)):
+            if r.error:
+                print(f"  {r.id:70s} ERROR {r.error}")
+            else:
+                print(f"  {r.id:70s} TTFT {r.ttft_ms:9.1f} -> {r.sim_ttft_ms:9.1f} ms {r.ttft_err:+7.1%}   "
+                      f"TPOT {r.tpot_ms:7.2f} -> {r.sim_tpot_ms:7.2f} ms {r.tpot_err:+7.1%}")
+    failed = [r for r in results if r.error]
+    if failed:
+        print(f"\n{len(failed)} priced rows failed to simulate, e.g. {failed[0].id}: {failed[0].error}")
+    print(f"\n{'group (GPU engine model)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} {'signed':>7s}  "
+          f"{'TPOT |err| med':>14s} {'p90':>7s} {'signed':>7s}")
+    for g, e in groups(results).items():
+        t, p = e["ttft"], e["tpot"]
+        print(f"{g:58s} {e['rows']:4d}  {t['median_abs']:14.1%} {t['p90_abs']:7.1%} {t['median_signed']:+7.1%}  "
+              f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
+
+
+def select(rows: list[Row], only: list[str]) -> list[Row]:
+    if not only:
+        return rows
+    keep = []
+    for r in rows:
+        hay = " ".join((r.id, r.system, r.engine, r.model, r.gpu)).lower()
+        if all(o.lower() in hay for o in only):
+            keep.append(r)
+    return keep
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
+    ap.add_argument("--json", type=Path, default=None, help="write every row's result and the groups here")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"requests per client (default {ROUNDS})")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    rows = select(read_rows(), args.only)
+    classify(rows)
+    priced = [r for r in rows if not r.skip]
+    digest = code_hash()
+    keys = sorted({r.table_key for r in priced})
+    tables: dict[tuple, str] = {}
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        for key, folder, err in pool.map(build_one, [(k, digest) for k in keys]):
+            if err:
+                for r in priced:
+                    if r.table_key == key:
+                        r.skip = f"kernel database: {err}"
+            else:
+                tables[key] = folder
+        t_tables = time.perf_counter() - t0
+        priced = [r for r in priced if not r.skip]
+        # longest first, so the pool's last task is a short one
+        priced.sort(key=lambda r: -(r.concurrency * args.rounds * (r.osl + 1)))
+        results = list(pool.map(simulate, [(r, tables[r.table_key], args.rounds) for r in priced], chunksize=1))
+    wall = time.perf_counter() - t0
+    print_report(rows, results, args.verbose)
+    print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
+          f"{args.workers} workers")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "corpus": str(corpus_path()), "rounds": args.rounds, "wall_s": wall,
+            "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
+            "rows": [asdict(r) for r in results], "groups": groups(results)}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

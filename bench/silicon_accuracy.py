@@ -171,9 +171,6 @@ def classify(rows: list[Row]) -> None:
         if gpu is None or gpu not in GPUS:
             row.skip = f"GPU {row.system}: not in cbsim's GPU list or the kernel database"
             continue
-        if row.precision not in PRECISIONS:
-            row.skip = f"precision {row.precision or 'unknown'}: cbsim prices bf16 and fp8"
-            continue
         name = row.config_name
         if name not in models:
             try:
@@ -185,6 +182,11 @@ def classify(rows: list[Row]) -> None:
         path, err = models[name]
         if err:
             row.skip = f"model {row.model}: {err}"
+            continue
+        if not row.precision:  # the corpus leaves it blank for unquantized checkpoints: their own dtype
+            row.precision = "fp8" if getattr(get_model(name), "quantization", None) == "fp8" else "bf16"
+        if row.precision not in PRECISIONS:
+            row.skip = f"precision {row.precision}: cbsim prices bf16 and fp8"
             continue
         row.gpu, row.config, row.policy = gpu, path, policy
 
@@ -219,8 +221,9 @@ def build_one(args) -> tuple[tuple, str, str]:
     gpu, config, tp, precision, engine = key
     try:
         comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine)
-    except CbsimError as exc:
-        return key, "", str(exc)[:200]
+    except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
+        kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
+        return key, "", (kind + str(exc).split(" at /")[0])[:240]
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     write_table(tmp, comp.table)
     tmp.rename(out)
@@ -404,7 +407,12 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
                       f"TPOT {r.tpot_ms:7.2f} -> {r.sim_tpot_ms:7.2f} ms {r.tpot_err:+7.1%}")
     failed = [r for r in results if r.error]
     if failed:
-        print(f"\n{len(failed)} priced rows failed to simulate, e.g. {failed[0].id}: {failed[0].error}")
+        reasons = defaultdict(int)
+        for r in failed:
+            reasons[r.error.split(":")[0] + ": " + r.error.split(":", 1)[-1][:90]] += 1
+        print(f"\n{len(failed)} rows cbsim refused to simulate (left out of the groups):")
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            print(f"  {n:5d}: {reason}")
     print(f"\n{'group (GPU engine model)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} {'signed':>7s}  "
           f"{'TPOT |err| med':>14s} {'p90':>7s} {'signed':>7s}")
     for g, e in groups(results).items():

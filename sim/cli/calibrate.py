@@ -223,7 +223,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                        block_size=block_size, **limits)
     write_table(out, comp.table)
     meta, t = comp.table.metadata, comp.table
-    prov, err = meta["provenance"], meta["heldout_error"]
+    prov, err = meta["provenance"], meta.get("aic_agreement") or meta["heldout_error"]
     console = Console()
     console.print(f"{meta['model']['name']} on {meta['device']} (tp {meta['tensor_parallel']}, {meta['dtype']}): "
                   f"kernels measured in {prov['engine']} {prov['engine_version']} by {prov['package']} "

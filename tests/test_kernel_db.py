@@ -298,15 +298,18 @@ def test_decode_attention_is_floored_at_streaming_the_kv_cache_from_dram(rtx):
 
 def test_decodes_beside_a_chunk_cost_one_unpacked_query_tile_per_head_in_fa2_only(rtx, kdb):
     """FA2 (vLLM's FLASH_ATTN on the RTX PRO 6000) packs GQA only for pure-decode launches: beside a
-    chunk, 128 decodes at 1k context cost 64 (c + 1) b / (s^2 / 2) of the measured 16k-token causal
-    prefill, above the same decodes alone; 1 decode at 256 costs no less than alone. H100's FA3
-    rows get no such component (FA3 packs GQA in every launch)."""
+    chunk, 128 decodes at 1k context cost the larger of 64 (c + 1) b / (s^2 / 2) of the measured
+    16k-token causal prefill (one 64-row query tile per head) and one pass of their KV cache per query
+    head of the group (4) at the DRAM's rate, above the same decodes alone; 1 decode at 256 costs no
+    less than alone. H100's FA3 rows get no such component (FA3 packs GQA in every launch)."""
     s = kdb.THROUGHPUT_PREFILL_TOKENS
     prefill = sum(op.seconds for op in rtx.prefill_attn_ops(s, 0).values())
     mixed = sum(op.seconds for op in rtx.decode_attn_mixed_ops(128, 1024).values())
     alone = sum(op.seconds for op in rtx.decode_attn_ops(128, 1024).values())
-    assert mixed == pytest.approx(prefill * 128 * 64 * 1025 / (s * s / 2), rel=1e-9)
-    assert 1.1 * alone < mixed < 4 * alone  # at most the GQA group (4) times the work
+    tiles = prefill * 128 * 64 * 1025 / (s * s / 2)
+    reread = 4 * rtx.kv_reread_seconds(128, 1025)
+    assert mixed == pytest.approx(max(tiles, reread), rel=1e-9)
+    assert 1.1 * alone < mixed <= 4 * alone / 0.8 + 1e-12  # at most the group (4) times the work
     one = rtx.decode_attn_mixed_ops(1, 256)
     assert sum(op.seconds for op in one.values()) == pytest.approx(
         sum(op.seconds for op in rtx.decode_attn_ops(1, 256).values()))
@@ -321,9 +324,9 @@ def test_every_table_states_its_known_limits_and_the_fa2_one_its_measured_bias(r
     """A planner reads, in metadata.json and on the console, what the database cannot see; where the
     table is of the one kind checked on a real run (FA2), the measured bias, signed."""
     fa2 = kdb.known_limits(rtx)
-    assert "TTFT -19.9 %" in fa2 and "optimistic under load" in fa2
+    assert "TTFT +6.6 %" in fa2 and "one KV pass per query head" in fa2
     fa3 = tp1.table.metadata["provenance"]["known_limits"]
-    assert "unequal contexts" in fa3 and "no real serving run on this GPU has been checked" in fa3
+    assert "unequal contexts" in fa3 and "bench/silicon_accuracy.py" in fa3
 
 
 def test_prefill_attention_never_falls_as_the_cached_context_grows(tp1):

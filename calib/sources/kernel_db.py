@@ -342,6 +342,16 @@ class KernelDb:
         bw = float(g["mem_bw"]) * float(g.get("mem_bw_empirical_scaling_factor", 1.0))
         return self.spec.num_layers * (per_layer / bw + float(g.get("mem_empirical_constant_latency", 0.0)))
 
+    def kv_reread_seconds(self, batch: int, keys: int) -> float:
+        """One more pass of the batch's KV cache at the DRAM's full rate (``mem_bw``, no empirical
+        factor: thousands of independent tiles stream it, as in a long prefill). What a decode
+        costs in FA2's varlen kernel for each query head of its group: the LLMServingSim bundles'
+        mixed rows (attention of a 1,024-token chunk plus 16-64 decodes, less the chunk alone)
+        come out at 3.7-4.4 x the KV bytes / HBM bandwidth on the RTX PRO 6000 and the RTX 4090,
+        with 4 query heads per KV head (../shared/reference/gpu-runs/*/profile/tp1/attention.csv)."""
+        per_layer = batch * keys * self.spec.kv_layer_bytes_per_token(self.tp)
+        return self.spec.num_layers * per_layer / float(self.gpu_spec["mem_bw"])
+
     @property
     def prices_mixed_decodes(self) -> bool:
         """Whether decodes beside a prefill chunk cost more than alone in this engine's kernel: in
@@ -369,6 +379,13 @@ class KernelDb:
         total = sum(op.seconds for op in alone.values())
         if tiles > total:
             alone["unpacked_gqa_tiles"] = Op(tiles - total, "modelled")
+            total = tiles
+        # and each query head's tile streams its KV head's keys and values itself: the KV cache is
+        # read once per query head of the group, not once (the same DRAM formula as the floor)
+        group = self.spec.num_heads // self.spec.num_kv_heads
+        reread = group * self.kv_reread_seconds(batch, keys)
+        if reread > total:
+            alone["kv_reread_per_query_head"] = Op(reread - total, "modelled")
         return alone
 
     @staticmethod
@@ -652,8 +669,19 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                     f"max_seqlen_q == 1), so each decode runs one {FA2_SPLITKV_BLOCK_M}-row query tile per "
                     "query head over c + 1 keys; priced at the throughput of the measured causal prefill of "
                     f"{THROUGHPUT_PREFILL_TOKENS} tokens, x {FA2_SPLITKV_BLOCK_M} (c + 1) b / (s^2 / 2), never "
-                    "below decode_attn (operator 'unpacked_gqa_tiles', source 'modelled')")
+                    "below decode_attn (operator 'unpacked_gqa_tiles', source 'modelled'); and never below one "
+                    "pass of the decodes' KV cache per query head of the group at the DRAM's rate, "
+                    "(num_heads / num_kv_heads) x b (c + 1) x KV bytes / mem_bw (operator "
+                    "'kv_reread_per_query_head'): each query head's tile streams its KV head itself. Evidence: "
+                    "the LLMServingSim bundles' mixed rows (RTX PRO 6000, RTX 4090; chunk 1,024 + 16-64 decodes, "
+                    "less the chunk alone) are 3.3-4.7 such passes for a group of 4")
                     if db.prices_mixed_decodes else None,
+                "attention kernel": f"{db.attention_kernel or 'not recorded'}: the kernel_source label of the "
+                    f"database's default-backend generation rows for {db.engine} {db.engine_version} on {db.system} "
+                    "(vLLM: FlashAttention-3 on SM90, FA2 on SM80/SM89/SM120; SGLang: its fa3 backend on Hopper); "
+                    "only FA2 loses GQA packing in a mixed varlen launch (FA3's hopper/flash_api.cpp get_pack_gqa "
+                    "packs GQA heads whenever the KV is paged without TMA or split, else by its tile-use "
+                    "heuristic, in varlen launches too), so only FA2 tables carry decode_attn_mixed",
                 "decode skew": "none: the database measures batches at one context; decode_attn is priced at "
                     "the batch's mean context (decode_skew_alpha 0)",
                 "all-reduce": "two per layer of T x hidden bf16 elements (after attention, after the MLP), "
@@ -685,15 +713,17 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
 
 def known_limits(db: KernelDb) -> str:
     """What a user of this table should know before trusting it with a purchase: what the database
-    cannot see, and the one real run it has been checked on (README, "Accuracy against real GPU runs")."""
-    text = ("the database measures pure-decode batches at one context only: decodes that share a step with a "
-            "prefill chunk, and batches of unequal contexts, are priced as if alone and even")
+    cannot see, and the real runs it has been checked on (docs/accuracy-corpus.md)."""
+    text = ("the database measures pure-decode batches at one context only: batches of unequal contexts are "
+            "priced as if even (no decode skew)")
     if db.prices_mixed_decodes:
-        text += (" (FlashAttention-2 runs both slower; the modelled unpacked-tile term covers part of it). Checked "
-                 "on one real run of this kind (vLLM 0.19, Llama-3.1-8B, RTX PRO 6000, 10.3 req/s, near capacity): "
-                 "mean TTFT -19.9 %, TPOT -8.2 %, E2E -11.2 %, i.e. optimistic under load")
+        text += ("; decodes beside a prefill chunk are priced by FlashAttention-2's varlen rule (one KV pass per "
+                 "query head). Checked on one real run of this kind (vLLM 0.19, Llama-3.1-8B, RTX PRO 6000, "
+                 "10.3 req/s, near capacity): mean TTFT +6.6 %, TPOT +2.7 %, E2E +3.6 %")
     else:
-        text += "; no real serving run on this GPU has been checked against a table of this kind yet"
+        text += ("; decodes beside a prefill chunk are priced as if alone (FA3 and the SGLang/TRT-LLM kernels keep "
+                 "GQA packing in mixed launches). Measured against AIConfigurator's public serving corpus: "
+                 "bench/silicon_accuracy.py, docs/accuracy-corpus.md")
     return text
 
 

@@ -85,14 +85,17 @@ class Row:
     concurrency: int
     ttft_ms: float
     tpot_ms: float
+    gemm_quant: str = ""  # the corpus' gemm_quant_mode (fp8, fp8_block, ...)
     skip: str = ""  # why cbsim cannot price it ("" = priced)
     gpu: str = ""  # cbsim GPU id
     config: str = ""  # the config.json priced
     policy: str = ""
 
+    fp8_scaling: str | None = None  # 'block' or 'tensor' for fp8 rows (classify)
+
     @property
     def table_key(self) -> tuple:
-        return (self.gpu, self.config_name, self.tp, self.precision, self.engine)
+        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
 
     @property
     def config_name(self) -> str:
@@ -130,7 +133,7 @@ def _row(r) -> Row:
     row = Row(id=r.id, engine=r.backend, version=_text(r.backend_version), model=r.model_path, system=r.system,
               precision=precision, tp=int(_num(r.tp_size, 0) or 0), isl=int(r.isl), osl=int(r.osl),
               concurrency=int(_num(r.batch_size, 0) or 0), ttft_ms=float(r.silicon_ttft_ms),
-              tpot_ms=float(r.silicon_tpot_ms))
+              tpot_ms=float(r.silicon_tpot_ms), gemm_quant=_text(r.gemm_quant_mode))
     row.skip = _layout_skip(r, row)
     return row
 
@@ -151,7 +154,7 @@ def _layout_skip(r, row: Row) -> str:
 
 def classify(rows: list[Row]) -> None:
     """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` on each row."""
-    from calib.sources.kernel_db import GPU_SYSTEMS
+    from calib.sources.kernel_db import GPU_SYSTEMS, fp8_quant_mode
     from policies.registry import POLICIES
     from sim.errors import CbsimError
     from sim.hardware.gpus import GPUS
@@ -188,6 +191,12 @@ def classify(rows: list[Row]) -> None:
         if row.precision not in PRECISIONS:
             row.skip = f"precision {row.precision}: cbsim prices bf16 and fp8"
             continue
+        if row.precision == "fp8":
+            # the checkpoint's own scales when its config names them (an engine cannot run per-tensor
+            # kernels on block-scaled weights), else what the corpus says the collection ran
+            config = json.loads(Path(path).read_text(encoding="utf-8"))
+            block = fp8_quant_mode(config) == "fp8_block" or row.gemm_quant == "fp8_block"
+            row.fp8_scaling = "block" if block else "tensor"
         row.gpu, row.config, row.policy = gpu, path, policy
 
 
@@ -203,8 +212,8 @@ def code_hash() -> str:
 
 
 def table_dir(key: tuple, digest: str) -> Path:
-    gpu, config, tp, precision, engine = key
-    slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}"
+    gpu, config, tp, precision, engine, scaling = key
+    slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
     return CACHE / digest / slug
 
 
@@ -218,9 +227,9 @@ def build_one(args) -> tuple[tuple, str, str]:
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
-    gpu, config, tp, precision, engine = key
+    gpu, config, tp, precision, engine, scaling = key
     try:
-        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine)
+        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]

@@ -59,6 +59,14 @@ MODEL_ALIASES = {
 }
 PRECISIONS = ("bf16", "fp8")
 ROUNDS = 4  # requests per client: the opening wave plus three rounds of the loop it settles into
+# The clients' first requests reach the engine one after another, not at one instant: a benchmark
+# client opens its N streams from one event loop, and the engine's API server takes each request
+# through its own asyncio loop (parse, tokenize, hand to the engine core) one at a time. The engine
+# starts a step as soon as one request is there, so the first request is prefilled alone and the
+# rest wait for the next step: the opening wave splits. 1 ms per request is the order of tokenizing
+# a 1k-token prompt; any gap much shorter than a prefill step splits the wave the same way
+# (docs/accuracy-corpus.md shows 0.1 and 5 ms).
+SEND_GAP_MS = 1.0
 
 
 def corpus_path() -> Path:
@@ -242,7 +250,7 @@ def build_one(args) -> tuple[tuple, str, str]:
 # ------------------------------------------------------------------------------------------------
 # one row, closed-loop
 # ------------------------------------------------------------------------------------------------
-def scenario_of(row: Row, table: str, rounds: int) -> dict:
+def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
     return {
         "name": f"silicon-{row.id}",
         "seed": 0,
@@ -251,7 +259,8 @@ def scenario_of(row: Row, table: str, rounds: int) -> dict:
         "latency": {"backend": "table", "path": table},
         "workload": {
             "num_requests": row.concurrency * rounds,
-            "arrival": {"process": "closed", "concurrency": row.concurrency},
+            "arrival": {"process": "closed", "concurrency": row.concurrency,
+                        "ramp_s": round(send_gap_s * row.concurrency, 9)},
             "prompt_tokens": {"dist": "fixed", "value": row.isl},
             "output_tokens": {"dist": "fixed", "value": row.osl},
             "max_tokens": row.osl,
@@ -277,7 +286,7 @@ class Result:
 
 
 def simulate(args) -> Result:
-    row, table, rounds = args
+    row, table, rounds, send_gap_s = args
     import warnings
 
     import sim
@@ -288,7 +297,7 @@ def simulate(args) -> Result:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            scn = scenario_of(row, table, rounds)
+            scn = scenario_of(row, table, rounds, send_gap_s)
             try:
                 result = sim.run(scn)
             except CbsimError as exc:
@@ -321,6 +330,7 @@ def _closed_standin(scn: dict):
     from sim.workload.synthetic import build_workload
 
     n = scn["workload"]["arrival"]["concurrency"]
+    ramp = scn["workload"]["arrival"].get("ramp_s", 0.0)
     d = copy.deepcopy(scn)
     d["workload"]["arrival"] = {"process": "constant", "rate": 1e6}
     s = load_scenario(d)
@@ -333,9 +343,14 @@ def _closed_standin(scn: dict):
     class Closed(Simulation):
         def arrivals(self):
             self.pending = list(reversed(self.records[n:]))
-            for rec in self.records[:n]:
+            for i, rec in enumerate(self.records[:n]):
+                at = ramp * i / n
+                if at > self.env.now:
+                    self.next_arrival_at = at
+                    yield self.env.timeout(at - self.env.now)
                 rec.spec = replace(rec.spec, arrival_s=self.env.now)
                 self._route(rec)
+            self.next_arrival_at = math.inf
             yield self.env.timeout(0)
 
         def send_next(self):
@@ -359,7 +374,6 @@ def _closed_standin(scn: dict):
     try:
         simu = Closed(specs, [(make_policy(entry.name, limits, **knobs), dep.latency())], limits.max_model_len,
                       router=make_router(s.replicas.router), fast_forward=True)
-        simu.next_arrival_at = math.inf
         rec = simu.run()
     finally:
         Replica._end = orig_end
@@ -446,6 +460,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
     ap.add_argument("--json", type=Path, default=None, help="write every row's result and the groups here")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"requests per client (default {ROUNDS})")
+    ap.add_argument("--send-gap-ms", type=float, default=SEND_GAP_MS,
+                    help=f"ms between the clients' first sends (default {SEND_GAP_MS}; 0: all at once)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
     args = ap.parse_args(argv)
@@ -469,7 +485,8 @@ def main(argv=None) -> int:
         priced = [r for r in priced if not r.skip]
         # longest first, so the pool's last task is a short one
         priced.sort(key=lambda r: -(r.concurrency * args.rounds * (r.osl + 1)))
-        results = list(pool.map(simulate, [(r, tables[r.table_key], args.rounds) for r in priced], chunksize=1))
+        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3) for r in priced]
+        results = list(pool.map(simulate, work, chunksize=1))
     wall = time.perf_counter() - t0
     print_report(rows, results, args.verbose)
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "

@@ -444,6 +444,45 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
               f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
 
 
+def _stats(rs: list[dict]) -> dict:
+    out: dict = {"rows": len(rs)}
+    for metric in ("ttft", "tpot"):
+        errs = [r[f"{metric}_err"] for r in rs]
+        out[metric] = {"median_abs": round(quantile([abs(e) for e in errs], 0.5), 4),
+                       "p90_abs": round(quantile([abs(e) for e in errs], 0.9), 4),
+                       "median_signed": round(quantile(errs, 0.5), 4)}
+    return out
+
+
+def stamp(table: Path, report: dict) -> dict:
+    """Write into a table's metadata.json (key ``corpus_error``) its GPU's and engine's measured
+    error on the corpus: every priced row of that GPU and engine, and per model."""
+    from sim.latency.table_format import read_table, write_table
+
+    t = read_table(table)
+    prov = t.metadata.get("provenance") or {}
+    system, engine = prov.get("gpu"), prov.get("engine")
+    if not system or not engine:
+        raise SystemExit(f"--stamp {table}: not a kernel-db table (metadata.provenance has no gpu/engine)")
+    rs = [r for r in report["rows"] if not r["error"] and r["group"].startswith(f"{system} {engine} ")]
+    if not rs:
+        raise SystemExit(f"--stamp {table}: the report has no priced {engine} rows on {system}")
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rs:
+        by[r["group"].split(" ", 2)[2]].append(r)
+    t.metadata["corpus_error"] = {
+        "corpus": "aiconfigurator-core systems/silicon_sample.csv (real closed-loop serving runs)",
+        "gpu": system, "engine": engine, **_stats(rs),
+        "by_model": {m: _stats(v) for m, v in sorted(by.items())},
+        "measured_by": f"bench/silicon_accuracy.py: closed loop at each row's concurrency, {report['rounds']} "
+                       f"requests per client, first sends {report.get('send_gap_ms', SEND_GAP_MS)} ms apart; "
+                       "errors are sim / real - 1 of mean TTFT and mean TPOT, on tables composed the same way "
+                       "for each row's own model, TP and precision (docs/accuracy-corpus.md)",
+    }
+    write_table(table, t)
+    return t.metadata["corpus_error"]
+
+
 def select(rows: list[Row], only: list[str]) -> list[Row]:
     if not only:
         return rows
@@ -464,7 +503,17 @@ def main(argv=None) -> int:
                     help=f"ms between the clients' first sends (default {SEND_GAP_MS}; 0: all at once)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
+    ap.add_argument("--stamp", type=Path, action="append", default=[],
+                    help="a kernel-db table folder whose metadata.json gets its GPU's corpus error (repeatable)")
+    ap.add_argument("--from-json", type=Path, default=None, help="stamp from a report --json wrote, without a run")
     args = ap.parse_args(argv)
+    if args.from_json is not None:
+        report = json.loads(args.from_json.read_text())
+        for table in args.stamp:
+            e = stamp(table, report)
+            print(f"{table}: {e['rows']} rows, TTFT |err| median {e['ttft']['median_abs']:.1%}, TPOT |err| median "
+                  f"{e['tpot']['median_abs']:.1%}")
+        return 0
 
     t0 = time.perf_counter()
     rows = select(read_rows(), args.only)
@@ -491,11 +540,13 @@ def main(argv=None) -> int:
     print_report(rows, results, args.verbose)
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
           f"{args.workers} workers")
+    report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "wall_s": wall,
+              "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
+              "rows": [asdict(r) for r in results], "groups": groups(results)}
     if args.json is not None:
-        args.json.write_text(json.dumps({
-            "corpus": str(corpus_path()), "rounds": args.rounds, "wall_s": wall,
-            "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
-            "rows": [asdict(r) for r in results], "groups": groups(results)}, indent=1, default=str))
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+    for table in args.stamp:
+        stamp(table, json.loads(json.dumps(report, default=str)))
     return 0
 
 

@@ -29,6 +29,8 @@ from sim.results import RunResult
 from sim.routing import make_router
 from sim.scenario.resolved import Deployment, resolve
 from sim.scenario.schema import Scenario, load_scenario
+from sim.speculative.report import speculative_report
+from sim.speculative.setup import speculation_for
 from sim.workload.synthetic import build_workload
 
 
@@ -85,10 +87,16 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     knobs = policy_knobs(scn, entry)
     limits = dep.limits_for(entry.name, knobs)  # unset batch limits: this policy's engine defaults
     replicas = [(make_policy(entry.name, limits, **knobs), dep.latency()) for _ in range(dep.replicas)]
+    spec = speculation_for(dep, entry)  # policies[].speculative: drafts scheduled, drafter priced
+    if spec is not None:
+        for pol, _lat in replicas:
+            spec.enable(pol)
+        replicas = [(pol, spec.wrap(lat)) for pol, lat in replicas]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
-                     horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
+                     horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED,
+                     acceptance=spec.acceptance if spec is not None else None)
     recorder = sim.run()
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
@@ -121,6 +129,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     )
     summary.update(end_report(requests, end_s, capped))
     summary["communication"] = communication_report(dep, replicas[0][1], steps)
+    summary["speculative"] = speculative_report(getattr(entry, "speculative", None), requests, steps)
     return requests, steps, summary, meta
 
 

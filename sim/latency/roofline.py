@@ -145,8 +145,9 @@ class RooflineLatency(LatencyModel):
         n, seqs = shape.num_tokens, shape.num_seqs
         cr, mr = self.compute_rate, self.memory_rate
         t = flops = bytes_ = 0.0
+        seq_rows = seqs + shape.spec_tokens  # rows the per-sequence operators (LM head) compute
         for f, w, act, rate, per_seq in self._linears:
-            rows = seqs if per_seq else n
+            rows = seq_rows if per_seq else n
             if not rows:
                 continue
             of, ob = f * rows, w + act * rows

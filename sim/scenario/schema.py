@@ -579,7 +579,7 @@ class PolicyEntry(BaseModel):
         knobs = getattr(cls, "KNOBS", {})
         for key, value in (self.__pydantic_extra__ or {}).items():
             if key not in knobs:
-                allowed = ["name", "label", "speculative", *knobs]
+                allowed = ["name", "label", *(["speculative"] if cls.supports_speculation else []), *knobs]
                 raise KeyedError(key, f" for policy {self.name!r}{nearest(key, allowed)}; "
                                       f"allowed keys: {', '.join(allowed)}", unknown=True)
             problem = _knob_type_problem(knobs[key], value)

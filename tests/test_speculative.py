@@ -343,3 +343,25 @@ def _records(*reqs):
         out[r.id] = rec
     return out
 
+
+
+def test_the_sweep_reports_where_speculation_stops_paying():
+    import pandas as pd
+
+    from sim.planning.crossing import speculation_crossings
+
+    scn = load_scenario({**TINY_SCENARIO, "policies": [
+        {"name": "vllm-v1"},
+        {"name": "vllm-v1", "label": "spec", "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                                             "acceptance": {"rate": 0.5}}}]})
+    rows = []
+    for rate, base, spec_ in ((1.0, 2.0, 1.0), (2.0, 2.5, 2.0), (3.0, 3.0, 4.0)):
+        rows.append({"point": 0, "rate": rate, "key": "k", "policy": "vllm-v1", "tpot_s.p50": base})
+        rows.append({"point": 0, "rate": rate, "key": "k", "policy": "spec", "tpot_s.p50": spec_})
+    (c,) = speculation_crossings(pd.DataFrame(rows), scn)
+    assert (c.label, c.baseline, c.pays_at_lowest) == ("spec", "vllm-v1", True)
+    assert c.crossing_rps == pytest.approx(2.0 + 0.5 / 1.5)  # the TPOT difference -0.5 -> +1.0 between 2 and 3
+    assert c.ratio == (0.5, 0.8, 4.0 / 3.0)
+    assert "stops paying at about 2.33 req/s" in c.sentence()
+    still = pd.DataFrame([r for r in rows if r["rate"] < 3])
+    assert speculation_crossings(still, scn)[0].crossing_rps is None

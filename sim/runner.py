@@ -86,17 +86,19 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     scn, gpu = dep.scenario, dep.gpu
     knobs = policy_knobs(scn, entry)
     limits = dep.limits_for(entry.name, knobs)  # unset batch limits: this policy's engine defaults
+    speculation = speculation_for(dep, entry)  # policies[].speculative: drafts scheduled, drafter priced
+    if speculation is not None:
+        limits = speculation.limits(limits, dep)  # the drafter's weights and KV share the GPU
     replicas = [(make_policy(entry.name, limits, **knobs), dep.latency()) for _ in range(dep.replicas)]
-    spec = speculation_for(dep, entry)  # policies[].speculative: drafts scheduled, drafter priced
-    if spec is not None:
+    if speculation is not None:
         for pol, _lat in replicas:
-            spec.enable(pol)
-        replicas = [(pol, spec.wrap(lat)) for pol, lat in replicas]
+            speculation.enable(pol)
+        replicas = [(pol, speculation.wrap(lat)) for pol, lat in replicas]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
                      horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED,
-                     acceptance=spec.acceptance if spec is not None else None)
+                     acceptance=speculation.acceptance if speculation is not None else None)
     recorder = sim.run()
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()

@@ -365,3 +365,24 @@ def test_the_sweep_reports_where_speculation_stops_paying():
     assert "stops paying at about 2.33 req/s" in c.sentence()
     still = pd.DataFrame([r for r in rows if r["rate"] < 3])
     assert speculation_crossings(still, scn)[0].crossing_rps is None
+
+
+def test_the_drafters_weights_and_kv_come_out_of_the_block_pool():
+    from sim.hardware.kv_capacity import block_bytes
+    from sim.scenario.resolved import resolve
+    from sim.speculative.setup import speculation_for
+
+    scn = load_scenario({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"}, "policies": [
+        {"name": "vllm-v1", "speculative": {"method": "eagle3", "num_speculative_tokens": 3,
+                                            "acceptance": {"rate": 0.8}}}]})
+    dep = resolve(scn)
+    entry = scn.policies[0]
+    base = dep.limits_for(entry.name, entry.knobs())
+    sp = speculation_for(dep, entry)
+    got = sp.limits(base, dep).num_gpu_blocks
+    # one more attention layer per block (33 instead of 32), and the head's weights in front
+    per_target = block_bytes(dep.model, 16)
+    weights_in_blocks = sp.draft.weight_bytes / (per_target * 33 / 32)
+    expected = (base.num_gpu_blocks + 1) * 32 / 33 - weights_in_blocks - 1
+    assert abs(got - expected) < 2
+    assert sp.lookahead == 3 and sp.k == 3

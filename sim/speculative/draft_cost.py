@@ -24,8 +24,8 @@ proposes for them):
   on the CPU, ``propose_s_per_request`` seconds per proposing request, no GPU work.
 
 Each draft pass is charged its operators' roofline time (no fixed per-step overhead of its own:
-the step's overhead already covers the host work). The draft's KV memory and weights are not
-taken out of the KV pool (see ``docs/speculative.md``, limits).
+the step's overhead already covers the host work). The draft's weights and KV come out of the KV
+pool (``sim.speculative.setup``).
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ class DraftCost:
         self._fc_flops = 2.0 * fc * h * h / tensor_parallel
         self._fc_bytes = fc * h * h * a / tensor_parallel
         self._fc_act = (fc + 1) * h * a
+        # what the drafter holds in GPU memory: its spec's weights and the input projection
+        self.weight_bytes = self.spec.weight_bytes(tensor_parallel) + self._fc_bytes
 
     def price(self, plan, shape: StepShape | None = None) -> tuple[float, float, float]:
         proposing = [r for r in plan.scheduled if r.num_computed_tokens >= r.prompt_tokens + r.num_output_tokens]

@@ -3,11 +3,18 @@ speculative scheduling, the latency model with the drafter's cost, and the accep
 
 Why a module of its own: the runner builds replicas for many kinds of runs (sweeps, capacity
 search, plans); keeping the one place that reads the section here leaves the runner a single call.
+
+KV memory: vLLM loads the drafter's weights before it profiles memory and gives its attention
+layers KV blocks beside the target's (an EAGLE head's layer joins the KV cache groups, so one
+block holds every layer's keys and values). :meth:`Speculation.limits` takes both out of the
+pool: ``(available - draft weights) // (target block + draft block)`` blocks, less the null
+block, where ``available`` is what the target's pool was computed from. A pinned
+``engine.num_gpu_blocks`` is kept as given.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.speculative.acceptance import Acceptance, conditional_rates
 from sim.speculative.draft_cost import DraftCost, SpeculativeLatency
@@ -36,6 +43,29 @@ class Speculation:
 
     def wrap(self, latency):
         return SpeculativeLatency(latency, self.draft)
+
+    def limits(self, limits, dep):
+        """``limits`` with the drafter's weights and KV taken out of the GPU block pool."""
+        from sim.hardware.kv_capacity import block_bytes, expert_parallel, reserve_bytes
+
+        scn = dep.scenario
+        if self.draft is None or self.draft.roof is None or scn.engine.num_gpu_blocks is not None:
+            return limits
+        hw, eng, tp, model = scn.hardware, scn.engine, dep.tensor_parallel, dep.model
+        available = (dep.gpu.memory_bytes * hw.gpu_memory_utilization
+                     - model.weight_bytes(tp, expert_parallel(hw))
+                     - reserve_bytes(model, hw, tp, limits.max_num_batched_tokens, limits.max_num_seqs))
+        draft = self.draft
+        per_block = (block_bytes(model, eng.block_size, tp, eng.max_model_len)
+                     + block_bytes(draft.spec, eng.block_size, tp, eng.max_model_len))
+        blocks = int((available - draft.weight_bytes) // per_block) - 1
+        if blocks * eng.block_size < eng.max_model_len:
+            from sim.errors import CbsimError
+
+            raise CbsimError(f"with the {self.cfg.method} drafter's weights and KV, the KV cache holds {blocks} "
+                             f"blocks, fewer than engine.max_model_len ({eng.max_model_len}) needs: lower "
+                             f"engine.max_model_len or pin engine.num_gpu_blocks")
+        return replace(limits, num_gpu_blocks=min(blocks, limits.num_gpu_blocks))
 
 
 def speculation_for(dep, entry) -> Speculation | None:

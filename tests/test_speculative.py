@@ -386,3 +386,11 @@ def test_the_drafters_weights_and_kv_come_out_of_the_block_pool():
     expected = (base.num_gpu_blocks + 1) * 32 / 33 - weights_in_blocks - 1
     assert abs(got - expected) < 2
     assert sp.lookahead == 3 and sp.k == 3
+
+
+def test_speculation_in_a_disaggregated_pool_is_refused():
+    with pytest.raises(ScenarioError) as info:
+        load_scenario({**TINY_SCENARIO, "disaggregation": {"decode": {"policy": {
+            "name": "vllm-v1", "speculative": {"method": "eagle", "num_speculative_tokens": 2,
+                                               "acceptance": {"rate": 0.5}}}}}})
+    assert "disaggregation.decode.policy.speculative: speculative decoding is not modelled" in str(info.value)

@@ -518,9 +518,9 @@ class Speculative(BaseModel):
                                         "request and step, k (required; vLLM's num_speculative_tokens)")
     acceptance: SpecAcceptance = Field(description="acceptance of the drafts (required): rate, "
                                                    "per_position or mean_length")
-    draft_model: str | HfModelConfig | ModelSpecConfig | None = Field(
-        None, description="method draft: the draft model (a model id, ORG/NAME, {hf_config: PATH} or an "
-                          "inline spec), priced on the roofline; unused by the other methods")
+    draft_model: str | None = Field(
+        None, description="method draft: the draft model, a model id or ORG/NAME of a config.json found "
+                          "locally (cbsim models), priced on the roofline; unused by the other methods")
     draft_vocab_size: int | None = Field(None, gt=0, description="eagle / eagle3: rows of the head's LM "
                                          "head; null: the target's vocabulary (eagle) or 32000 (eagle3, as "
                                          "the published Llama-3.1-8B EAGLE-3 head)")
@@ -593,6 +593,12 @@ class PolicyEntry(BaseModel):
     def knobs(self) -> dict[str, Any]:
         """The knobs this entry sets (the policy supplies its defaults for the rest)."""
         return dict(self.__pydantic_extra__ or {})
+
+
+class PoolPolicyEntry(PolicyEntry):
+    """A disaggregated pool's scheduler: a policy entry without speculative decoding."""
+
+    speculative: Any = Field(None, description="not modelled in disaggregated pools: must be left out")
 
 
 def _check_knob_values(cls, knobs: dict[str, Any]) -> None:
@@ -681,7 +687,7 @@ class DisaggPool(BaseModel):
                                                     "left out take the scenario's engine; null: the scenario's")
     latency: Latency | None = Field(None, description="step time model of this pool (a table measured on "
                                                       "its GPU); null: the scenario's latency")
-    policy: PolicyEntry = Field(default_factory=lambda: PolicyEntry(name="vllm-v1"),
+    policy: PoolPolicyEntry = Field(default_factory=lambda: PoolPolicyEntry(name="vllm-v1"),
                                 description="the scheduler of this pool's instances, with its knobs; it "
                                             "must hand KV blocks over (vllm-v1)")
 

@@ -411,3 +411,21 @@ def test_the_shipped_scenario_lowers_tpot_at_low_load():
     assert spec_["acceptance_rate"] == pytest.approx(expected_accepted((0.85,) * 3) / 3, abs=0.01)
     assert spec_["mean_acceptance_length"] == pytest.approx(1 + 0.85 + 0.85**2 + 0.85**3, abs=0.03)
     assert base["speculative"] is None
+
+
+def test_the_table_backend_prices_verification_as_a_decode_of_the_same_contexts():
+    """A measured table has no 4-token chunks: verification reads each request's KV once, like a
+    decode row, and only its extra query rows add linear-layer time."""
+    from pathlib import Path
+
+    from sim.latency.table import TableLatency
+
+    model, gpu = get_model("llama-3-8b"), get_gpu("h100-sxm")
+    path = Path(__file__).resolve().parents[1] / "calib/tables/kernel-db-llama-3-8b-h100-sxm-tp1"
+    table = TableLatency.from_path(path, model, gpu, 1, 16)
+    verify = _decode_plan(8, 700, 3)
+    decode = StepPlan(scheduled=verify.scheduled, num_new_tokens=[1] * 8, context=[700] * 8)
+    sv, sd = step_shape(verify), step_shape(decode)
+    sv.spec_tokens = 24
+    tv, td = table.price(sv, verify)[0], table.price(sd, decode)[0]
+    assert tv - td == pytest.approx(table._lin(32) - table._lin(8), rel=1e-9)

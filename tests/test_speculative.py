@@ -34,8 +34,9 @@ from sim.speculative.draft_cost import DraftCost, draft_spec
 from sim.workload.request_spec import RequestSpec
 from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO
 
-LIMITS = EngineLimits(block_size=4, num_gpu_blocks=400, max_num_seqs=64, max_num_batched_tokens=512,
-                      max_model_len=2048)
+LIMITS = EngineLimits(
+    block_size=4, num_gpu_blocks=400, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048
+)
 
 
 def run(specs, k, rate=None, rates=None, limits=LIMITS, seed=0, lookahead=None, fast_forward=None, **knobs):
@@ -44,7 +45,9 @@ def run(specs, k, rate=None, rates=None, limits=LIMITS, seed=0, lookahead=None, 
     policy.enable_speculation(k, k if lookahead is None else lookahead)
     latency = ConstantLatency(1.0, FAKE_MODEL, FAKE_GPU, 1, limits.block_size)
     acc = Acceptance(rates if rates is not None else (rate,) * k, seed)
-    sim = Simulation(specs, [(policy, latency)], limits.max_model_len, acceptance=acc, fast_forward=fast_forward)
+    sim = Simulation(
+        specs, [(policy, latency)], limits.max_model_len, acceptance=acc, fast_forward=fast_forward
+    )
     rec = sim.run()
     return rec, rec.requests_frame(), rec.steps_frame(), policy
 
@@ -65,7 +68,10 @@ def test_every_draft_accepted_gives_k_plus_one_tokens_per_step():
     assert list(reqs["tpot_s"]) == [3.0 / 12] * 2
     # ITL: one 1 s gap into each step's burst, then zeros inside it
     gaps = np.concatenate([np.diff(t) for t in reqs["token_times_s"]])
-    expected = {"mean": float(np.mean(gaps)), **{f"p{p}": float(np.percentile(gaps, p)) for p in (50, 90, 99)}}
+    expected = {
+        "mean": float(np.mean(gaps)),
+        **{f"p{p}": float(np.percentile(gaps, p)) for p in (50, 90, 99)},
+    }
     got = rec.itl_stats()
     assert {k: got[k] for k in expected} == expected
     assert got["p50"] == 0.0 and got["mean"] == 3 / 12
@@ -90,8 +96,9 @@ def test_a_burst_stops_at_the_requests_last_token():
 
 
 def test_the_step_budget_counts_the_drafts():
-    limits = EngineLimits(block_size=4, num_gpu_blocks=100, max_num_seqs=8, max_num_batched_tokens=6,
-                          max_model_len=256)
+    limits = EngineLimits(
+        block_size=4, num_gpu_blocks=100, max_num_seqs=8, max_num_batched_tokens=6, max_model_len=256
+    )
     pol = make_policy("vllm-v1", limits)
     pol.enable_speculation(3, 3)
     a, b = Request("A", 0.0, 2, 50), Request("B", 0.0, 2, 50)
@@ -110,8 +117,9 @@ def test_the_step_budget_counts_the_drafts():
 
 
 def test_max_model_len_cuts_the_drafts():
-    limits = EngineLimits(block_size=4, num_gpu_blocks=100, max_num_seqs=8, max_num_batched_tokens=64,
-                          max_model_len=8)
+    limits = EngineLimits(
+        block_size=4, num_gpu_blocks=100, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=8
+    )
     _, reqs, steps, _ = run([spec(1, 4, 10)], k=3, rate=1.0, limits=limits)
     # max_model_len - prompt = 4 tokens at most; the decode step may compute up to position 6
     assert int(reqs["generated"][0]) == 4
@@ -121,8 +129,9 @@ def test_max_model_len_cuts_the_drafts():
 
 # --- KV: slots up front, rejected ones no longer stored, nothing leaked -----------------------------
 def test_lookahead_slots_are_allocated_up_front_and_rejected_tokens_leave_the_stored_count():
-    limits = EngineLimits(block_size=4, num_gpu_blocks=100, max_num_seqs=8, max_num_batched_tokens=64,
-                          max_model_len=256)
+    limits = EngineLimits(
+        block_size=4, num_gpu_blocks=100, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256
+    )
     pol = make_policy("vllm-v1", limits)
     pol.enable_speculation(3, 3)
     r = Request("A", 0.0, 4, 50)
@@ -139,7 +148,10 @@ def test_lookahead_slots_are_allocated_up_front_and_rejected_tokens_leave_the_st
     assert pol.kv_tokens_reserved_and_used() == (12, 8)
     pol.reject_drafts(plan, [2])  # one accepted, two rejected
     assert r.num_computed_tokens == 6
-    assert pol.kv_tokens_reserved_and_used() == (12, 6)  # the blocks stay; the rejected slots are free to overwrite
+    assert pol.kv_tokens_reserved_and_used() == (
+        12,
+        6,
+    )  # the blocks stay; the rejected slots are free to overwrite
     emit_caught_up(plan.scheduled, records, 1, 2.0)
     assert r.num_output_tokens == 3 and r.num_computed_tokens == r.num_tokens - 1
 
@@ -153,8 +165,9 @@ def test_conservation_and_no_leak_under_preemption_and_prefix_caching(seed):
         prompt, out = rng.randint(1, 120), rng.randint(1, 80)
         runs = ((("shared", i % 3), 8), (("own", i), prompt - 8)) if i % 2 and prompt > 8 else None
         specs.append(RequestSpec(f"r{i:03d}", t, prompt, out, out + rng.randint(0, 5), prompt_runs=runs))
-    limits = EngineLimits(block_size=4, num_gpu_blocks=90, max_num_seqs=16, max_num_batched_tokens=64,
-                          max_model_len=512)
+    limits = EngineLimits(
+        block_size=4, num_gpu_blocks=90, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=512
+    )
     rec, reqs, steps, pol = run(specs, k=4, rates=(0.9, 0.7, 0.5, 0.3), limits=limits, seed=seed)
     assert int(reqs["preemptions"].sum()) > 0  # the pool is small enough to preempt
     assert (reqs["state"] == "finished").all()
@@ -278,8 +291,10 @@ def test_a_draft_model_costs_its_own_layers():
     model, gpu = get_model("llama-3-8b"), get_gpu("h100-sxm")
     small = get_model("tiny")
     plan = _decode_plan(4, 200, 2)
-    assert DraftCost("draft", 2, model, gpu, 1, 16, draft_model=small).price(plan)[0] < \
-        DraftCost("draft", 2, model, gpu, 1, 16, draft_model=model).price(plan)[0]
+    assert (
+        DraftCost("draft", 2, model, gpu, 1, 16, draft_model=small).price(plan)[0]
+        < DraftCost("draft", 2, model, gpu, 1, 16, draft_model=model).price(plan)[0]
+    )
 
 
 def test_verification_computes_logits_at_every_draft():
@@ -297,22 +312,55 @@ def _scenario(spec_section, policy="vllm-v1"):
     return data
 
 
-@pytest.mark.parametrize("section, policy, message", [
-    ({"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}}, "orca",
-     "policies.0.speculative: policy 'orca' does not model speculative decoding"),
-    ({"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7, "mean_length": 2.0}},
-     "vllm-v1", "give exactly one of rate, per_position, mean_length"),
-    ({"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"per_position": [0.9, 0.5]}},
-     "vllm-v1", "policies.0.speculative.acceptance.per_position: needs one rate per draft token"),
-    ({"method": "eagle3", "num_speculative_tokens": 2, "acceptance": {"per_position": [0.5, 0.9]}},
-     "vllm-v1", "must be non-increasing"),
-    ({"method": "mtp", "num_speculative_tokens": 2, "acceptance": {"mean_length": 3.5}},
-     "vllm-v1", "at most num_speculative_tokens + 1 = 3 tokens"),
-    ({"method": "draft", "num_speculative_tokens": 2, "acceptance": {"rate": 0.5}},
-     "vllm-v1", "policies.0.speculative.draft_model: required by method draft"),
-    ({"method": "eagle", "num_speculative_tokens": 2, "acceptance": {"rate": 0.5}, "propose_s_per_request": 1e-5},
-     "vllm-v1", "only used by method ngram"),
-])
+@pytest.mark.parametrize(
+    "section, policy, message",
+    [
+        (
+            {"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}},
+            "orca",
+            "policies.0.speculative: policy 'orca' does not model speculative decoding",
+        ),
+        (
+            {
+                "method": "eagle3",
+                "num_speculative_tokens": 3,
+                "acceptance": {"rate": 0.7, "mean_length": 2.0},
+            },
+            "vllm-v1",
+            "give exactly one of rate, per_position, mean_length",
+        ),
+        (
+            {"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"per_position": [0.9, 0.5]}},
+            "vllm-v1",
+            "policies.0.speculative.acceptance.per_position: needs one rate per draft token",
+        ),
+        (
+            {"method": "eagle3", "num_speculative_tokens": 2, "acceptance": {"per_position": [0.5, 0.9]}},
+            "vllm-v1",
+            "must be non-increasing",
+        ),
+        (
+            {"method": "mtp", "num_speculative_tokens": 2, "acceptance": {"mean_length": 3.5}},
+            "vllm-v1",
+            "at most num_speculative_tokens + 1 = 3 tokens",
+        ),
+        (
+            {"method": "draft", "num_speculative_tokens": 2, "acceptance": {"rate": 0.5}},
+            "vllm-v1",
+            "policies.0.speculative.draft_model: required by method draft",
+        ),
+        (
+            {
+                "method": "eagle",
+                "num_speculative_tokens": 2,
+                "acceptance": {"rate": 0.5},
+                "propose_s_per_request": 1e-5,
+            },
+            "vllm-v1",
+            "only used by method ngram",
+        ),
+    ],
+)
 def test_bad_speculative_sections_are_one_line_errors(section, policy, message):
     with pytest.raises(ScenarioError) as info:
         load_scenario(_scenario(section, policy))
@@ -344,23 +392,37 @@ def _records(*reqs):
     return out
 
 
-
 def test_the_sweep_reports_where_speculation_stops_paying():
     import pandas as pd
 
     from sim.planning.crossing import speculation_crossings
 
-    scn = load_scenario({**TINY_SCENARIO, "policies": [
-        {"name": "vllm-v1"},
-        {"name": "vllm-v1", "label": "spec", "speculative": {"method": "ngram", "num_speculative_tokens": 2,
-                                                             "acceptance": {"rate": 0.5}}}]})
+    scn = load_scenario(
+        {
+            **TINY_SCENARIO,
+            "policies": [
+                {"name": "vllm-v1"},
+                {
+                    "name": "vllm-v1",
+                    "label": "spec",
+                    "speculative": {
+                        "method": "ngram",
+                        "num_speculative_tokens": 2,
+                        "acceptance": {"rate": 0.5},
+                    },
+                },
+            ],
+        }
+    )
     rows = []
     for rate, base, spec_ in ((1.0, 2.0, 1.0), (2.0, 2.5, 2.0), (3.0, 3.0, 4.0)):
         rows.append({"point": 0, "rate": rate, "key": "k", "policy": "vllm-v1", "tpot_s.p50": base})
         rows.append({"point": 0, "rate": rate, "key": "k", "policy": "spec", "tpot_s.p50": spec_})
     (c,) = speculation_crossings(pd.DataFrame(rows), scn)
     assert (c.label, c.baseline, c.pays_at_lowest) == ("spec", "vllm-v1", True)
-    assert c.crossing_rps == pytest.approx(2.0 + 0.5 / 1.5)  # the TPOT difference -0.5 -> +1.0 between 2 and 3
+    assert c.crossing_rps == pytest.approx(
+        2.0 + 0.5 / 1.5
+    )  # the TPOT difference -0.5 -> +1.0 between 2 and 3
     assert c.ratio == (0.5, 0.8, 4.0 / 3.0)
     assert "stops paying at about 2.33 req/s" in c.sentence()
     still = pd.DataFrame([r for r in rows if r["rate"] < 3])
@@ -372,9 +434,22 @@ def test_the_drafters_weights_and_kv_come_out_of_the_block_pool():
     from sim.scenario.resolved import resolve
     from sim.speculative.setup import speculation_for
 
-    scn = load_scenario({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"}, "policies": [
-        {"name": "vllm-v1", "speculative": {"method": "eagle3", "num_speculative_tokens": 3,
-                                            "acceptance": {"rate": 0.8}}}]})
+    scn = load_scenario(
+        {
+            "model": "llama-3-8b",
+            "hardware": {"gpu": "h100-sxm"},
+            "policies": [
+                {
+                    "name": "vllm-v1",
+                    "speculative": {
+                        "method": "eagle3",
+                        "num_speculative_tokens": 3,
+                        "acceptance": {"rate": 0.8},
+                    },
+                }
+            ],
+        }
+    )
     dep = resolve(scn)
     entry = scn.policies[0]
     base = dep.limits_for(entry.name, entry.knobs())
@@ -390,9 +465,23 @@ def test_the_drafters_weights_and_kv_come_out_of_the_block_pool():
 
 def test_speculation_in_a_disaggregated_pool_is_refused():
     with pytest.raises(ScenarioError) as info:
-        load_scenario({**TINY_SCENARIO, "disaggregation": {"decode": {"policy": {
-            "name": "vllm-v1", "speculative": {"method": "eagle", "num_speculative_tokens": 2,
-                                               "acceptance": {"rate": 0.5}}}}}})
+        load_scenario(
+            {
+                **TINY_SCENARIO,
+                "disaggregation": {
+                    "decode": {
+                        "policy": {
+                            "name": "vllm-v1",
+                            "speculative": {
+                                "method": "eagle",
+                                "num_speculative_tokens": 2,
+                                "acceptance": {"rate": 0.5},
+                            },
+                        }
+                    }
+                },
+            }
+        )
     assert "disaggregation.decode.policy.speculative: speculative decoding is not modelled" in str(info.value)
 
 

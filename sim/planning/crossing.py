@@ -36,13 +36,19 @@ class Crossing:
         lo, hi = self.rates[0], self.rates[-1]
         gain = f"TPOT p50 x{self.ratio[0]:.2f} at {lo:g} req/s"
         if not self.pays_at_lowest:
-            return (f"{self.label} vs {self.baseline}{where}: {gain}: speculation does not pay even at the "
-                    f"lowest swept rate")
+            return (
+                f"{self.label} vs {self.baseline}{where}: {gain}: speculation does not pay even at the "
+                f"lowest swept rate"
+            )
         if self.crossing_rps is None:
-            return (f"{self.label} vs {self.baseline}{where}: {gain}, x{self.ratio[-1]:.2f} at {hi:g} req/s: "
-                    f"still pays at the highest swept rate (sweep higher to find where it stops)")
-        return (f"{self.label} vs {self.baseline}{where}: {gain}; stops paying at about "
-                f"{self.crossing_rps:.3g} req/s (TPOT p50 crossing)")
+            return (
+                f"{self.label} vs {self.baseline}{where}: {gain}, x{self.ratio[-1]:.2f} at {hi:g} req/s: "
+                f"still pays at the highest swept rate (sweep higher to find where it stops)"
+            )
+        return (
+            f"{self.label} vs {self.baseline}{where}: {gain}; stops paying at about "
+            f"{self.crossing_rps:.3g} req/s (TPOT p50 crossing)"
+        )
 
 
 def speculation_pairs(scn) -> list[tuple[str, str]]:
@@ -63,7 +69,9 @@ def speculation_crossings(table: pd.DataFrame, scn) -> list[Crossing]:
     if "rate" not in table or table["rate"].isna().all():
         return []
     tpot = steady_column(table, "tpot_s.p50")
-    extra = [c for c in table.columns[: list(table.columns).index("policy")] if c not in ("point", "rate", "key")]
+    extra = [
+        c for c in table.columns[: list(table.columns).index("policy")] if c not in ("point", "rate", "key")
+    ]
     groups = table[extra[0]].astype(str) if extra else pd.Series("", index=table.index)
     out = []
     for label, base in speculation_pairs(scn):
@@ -72,8 +80,14 @@ def speculation_crossings(table: pd.DataFrame, scn) -> list[Crossing]:
             for lbl in (label, base):
                 sel = table[(table["policy"] == lbl) & (groups == group)]
                 rows[lbl] = {float(r): float(tpot[i]) for i, r in sel["rate"].items()}
-            rates = sorted(r for r in rows[label] if r in rows[base]
-                           and _finite(rows[label][r]) and _finite(rows[base][r]) and rows[base][r] > 0)
+            rates = sorted(
+                r
+                for r in rows[label]
+                if r in rows[base]
+                and _finite(rows[label][r])
+                and _finite(rows[base][r])
+                and rows[base][r] > 0
+            )
             if not rates:
                 continue
             diff = [rows[label][r] - rows[base][r] for r in rates]

@@ -29,8 +29,12 @@ import random
 from collections.abc import Sequence
 
 
-def conditional_rates(k: int, rate: float | None = None, per_position: Sequence[float] | None = None,
-                      mean_length: float | None = None) -> tuple[float, ...]:
+def conditional_rates(
+    k: int,
+    rate: float | None = None,
+    per_position: Sequence[float] | None = None,
+    mean_length: float | None = None,
+) -> tuple[float, ...]:
     """``c_1..c_k`` from exactly one of the three forms (checked by the scenario schema)."""
     if rate is not None:
         return (float(rate),) * k

@@ -47,31 +47,62 @@ def draft_spec(method: str, target, draft_model=None, draft_vocab_size: int | No
     if method == "draft":
         return draft_model
     vocab = draft_vocab_size or (EAGLE3_DRAFT_VOCAB if method == "eagle3" else target.vocab_size)
-    head = replace(target, name=f"{target.name}-{method}-head", num_layers=1, vocab_size=vocab,
-                   sliding_window=0, num_sliding_layers=0, tied_embeddings=False)
+    head = replace(
+        target,
+        name=f"{target.name}-{method}-head",
+        num_layers=1,
+        vocab_size=vocab,
+        sliding_window=0,
+        num_sliding_layers=0,
+        tied_embeddings=False,
+    )
     if method != "mtp" and head.num_experts:  # an EAGLE head is a dense layer
-        head = replace(head, num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
-                       shared_expert_intermediate_size=0)
+        head = replace(
+            head,
+            num_experts=0,
+            num_experts_per_tok=0,
+            moe_intermediate_size=0,
+            shared_expert_intermediate_size=0,
+        )
     return head
 
 
 class DraftCost:
     """Prices the drafter's work of one step: ``price(plan, shape) -> (seconds, FLOPs, bytes)``."""
 
-    def __init__(self, method: str, k: int, target, gpu, tensor_parallel: int, block_size: int,
-                 draft_model=None, draft_vocab_size: int | None = None,
-                 propose_s_per_request: float | None = None,
-                 compute_efficiency: float | None = None, memory_efficiency: float | None = None) -> None:
+    def __init__(
+        self,
+        method: str,
+        k: int,
+        target,
+        gpu,
+        tensor_parallel: int,
+        block_size: int,
+        draft_model=None,
+        draft_vocab_size: int | None = None,
+        propose_s_per_request: float | None = None,
+        compute_efficiency: float | None = None,
+        memory_efficiency: float | None = None,
+    ) -> None:
         self.method, self.k = method, k
-        self.cpu_s = (propose_s_per_request if propose_s_per_request is not None
-                      else NGRAM_S_PER_REQUEST) if method == "ngram" else 0.0
+        self.cpu_s = (
+            (propose_s_per_request if propose_s_per_request is not None else NGRAM_S_PER_REQUEST)
+            if method == "ngram"
+            else 0.0
+        )
         self.roof = None
         if method == "ngram":
             return
         self.spec = draft_spec(method, target, draft_model, draft_vocab_size)
-        self.roof = RooflineLatency(self.spec, gpu, tensor_parallel, block_size,
-                                    compute_efficiency=compute_efficiency or COMPUTE_EFFICIENCY,
-                                    memory_efficiency=memory_efficiency or MEMORY_EFFICIENCY, overhead_s=0.0)
+        self.roof = RooflineLatency(
+            self.spec,
+            gpu,
+            tensor_parallel,
+            block_size,
+            compute_efficiency=compute_efficiency or COMPUTE_EFFICIENCY,
+            memory_efficiency=memory_efficiency or MEMORY_EFFICIENCY,
+            overhead_s=0.0,
+        )
         fc = FC_INPUTS[method]
         h, a = target.hidden_size, target.dtype_bytes
         # the input projection (fc_in·hidden -> hidden, sharded by TP), once per token of the first pass
@@ -82,7 +113,9 @@ class DraftCost:
         self.weight_bytes = self.spec.weight_bytes(tensor_parallel) + self._fc_bytes
 
     def price(self, plan, shape: StepShape | None = None) -> tuple[float, float, float]:
-        proposing = [r for r in plan.scheduled if r.num_computed_tokens >= r.prompt_tokens + r.num_output_tokens]
+        proposing = [
+            r for r in plan.scheduled if r.num_computed_tokens >= r.prompt_tokens + r.num_output_tokens
+        ]
         b = len(proposing)
         if not b:
             return 0.0, 0.0, 0.0
@@ -103,10 +136,21 @@ class DraftCost:
             if roof.price_decodes is not None:
                 dts, fs, bs = roof.price_decodes(b, context, self.k - 1)
             else:
-                rows = [roof.price(StepShape(num_tokens=b, num_seqs=b, prefill_tokens=0, decode_tokens=b,
-                                             prefill_attn=0.0, decode_ctx=context + b * j,
-                                             kv_tokens_read=context + b * j), None)
-                        for j in range(1, self.k)]
+                rows = [
+                    roof.price(
+                        StepShape(
+                            num_tokens=b,
+                            num_seqs=b,
+                            prefill_tokens=0,
+                            decode_tokens=b,
+                            prefill_attn=0.0,
+                            decode_ctx=context + b * j,
+                            kv_tokens_read=context + b * j,
+                        ),
+                        None,
+                    )
+                    for j in range(1, self.k)
+                ]
                 dts, fs, bs = (np.array(col) for col in zip(*rows))
             t += float(np.sum(dts))
             flops += float(np.sum(fs))

@@ -52,19 +52,24 @@ class Speculation:
         if self.draft is None or self.draft.roof is None or scn.engine.num_gpu_blocks is not None:
             return limits
         hw, eng, tp, model = scn.hardware, scn.engine, dep.tensor_parallel, dep.model
-        available = (dep.gpu.memory_bytes * hw.gpu_memory_utilization
-                     - model.weight_bytes(tp, expert_parallel(hw))
-                     - reserve_bytes(model, hw, tp, limits.max_num_batched_tokens, limits.max_num_seqs))
+        available = (
+            dep.gpu.memory_bytes * hw.gpu_memory_utilization
+            - model.weight_bytes(tp, expert_parallel(hw))
+            - reserve_bytes(model, hw, tp, limits.max_num_batched_tokens, limits.max_num_seqs)
+        )
         draft = self.draft
-        per_block = (block_bytes(model, eng.block_size, tp, eng.max_model_len)
-                     + block_bytes(draft.spec, eng.block_size, tp, eng.max_model_len))
+        per_block = block_bytes(model, eng.block_size, tp, eng.max_model_len) + block_bytes(
+            draft.spec, eng.block_size, tp, eng.max_model_len
+        )
         blocks = int((available - draft.weight_bytes) // per_block) - 1
         if blocks * eng.block_size < eng.max_model_len:
             from sim.errors import CbsimError
 
-            raise CbsimError(f"with the {self.cfg.method} drafter's weights and KV, the KV cache holds {blocks} "
-                             f"blocks, fewer than engine.max_model_len ({eng.max_model_len}) needs: lower "
-                             f"engine.max_model_len or pin engine.num_gpu_blocks")
+            raise CbsimError(
+                f"with the {self.cfg.method} drafter's weights and KV, the KV cache holds {blocks} "
+                f"blocks, fewer than engine.max_model_len ({eng.max_model_len}) needs: lower "
+                f"engine.max_model_len or pin engine.num_gpu_blocks"
+            )
         return replace(limits, num_gpu_blocks=min(blocks, limits.num_gpu_blocks))
 
 
@@ -82,9 +87,17 @@ def speculation_for(dep, entry) -> Speculation | None:
     draft = None
     if scn.latency.backend != "constant":  # a constant step_s is the whole step, drafting included
         lat = scn.latency
-        draft = DraftCost(cfg.method, k, dep.model, dep.gpu, dep.tensor_parallel, dep.block_size,
-                          draft_model=get_model(cfg.draft_model) if cfg.draft_model is not None else None,
-                          draft_vocab_size=cfg.draft_vocab_size, propose_s_per_request=cfg.propose_s_per_request,
-                          compute_efficiency=getattr(lat, "compute_efficiency", None),
-                          memory_efficiency=getattr(lat, "memory_efficiency", None))
+        draft = DraftCost(
+            cfg.method,
+            k,
+            dep.model,
+            dep.gpu,
+            dep.tensor_parallel,
+            dep.block_size,
+            draft_model=get_model(cfg.draft_model) if cfg.draft_model is not None else None,
+            draft_vocab_size=cfg.draft_vocab_size,
+            propose_s_per_request=cfg.propose_s_per_request,
+            compute_efficiency=getattr(lat, "compute_efficiency", None),
+            memory_efficiency=getattr(lat, "memory_efficiency", None),
+        )
     return Speculation(cfg, Acceptance(rates, scn.seed), draft)

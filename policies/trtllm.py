@@ -55,8 +55,9 @@ Where cbsim differs, on purpose and without changing a decision the engine makes
 
 * KV blocks are taken per computed chunk from the shared paged KV manager
   (:class:`policies.kv.paged.PagedKVManager`), not for the whole prompt at the first chunk; the
-  capacity checks count blocks as TensorRT-LLM does (a started context's outstanding prompt
-  blocks count as needed), so every admission and pause is the engine's.
+  capacity checks count blocks as TensorRT-LLM does (the prompt blocks a started context has yet
+  to take count as held by it, not free: ``_free_blocks``), so every admission and pause is the
+  engine's.
 * Reuse is of whole blocks, registered as they are computed (vLLM-style hashes): TensorRT-LLM
   also reuses a partly matching last block (``enable_partial_reuse``) and stores a context's
   blocks when its context phase ends, so a request arriving while another is mid-context may

@@ -90,6 +90,10 @@ WAITING_QUEUE_POLICIES = ("fcfs",)
 # llm_args.py (BaseLlmArgs.max_batch_size, max_num_tokens)
 TRTLLM_MAX_BATCH_SIZE = 2048
 TRTLLM_MAX_NUM_TOKENS = 8192
+# Request.policy_state: False a context, True in generation, HANDOFF a request handed over with its
+# prompt's KV computed elsewhere (disaggregated serving: TensorRT-LLM's DISAGG_GENERATION_INIT),
+# holding no blocks here until the capacity scheduler admits it
+HANDOFF = "handoff"
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -193,7 +197,7 @@ class TrtllmPolicy(Policy):
             self._reject(req, f"prompt of {req.prompt_tokens} tokens leaves no room for an output token within "
                               f"max_seq_len {lim.max_model_len}")
             return
-        if not self.chunked and req.prompt_tokens > self.budget:
+        if not self.chunked and not req.num_computed_tokens and req.prompt_tokens > self.budget:
             self._reject(req, f"prompt of {req.prompt_tokens} tokens exceeds max_num_tokens {self.budget} and "
                               f"enable_chunked_prefill is off")
             return
@@ -206,7 +210,7 @@ class TrtllmPolicy(Policy):
                               f"the whole pool has {self.num_blocks}")
             return
         req.status = Status.WAITING
-        req.policy_state = False
+        req.policy_state = HANDOFF if req.num_computed_tokens else False
         if len(self.active) < self.max_batch:
             self.active.append(req)
         else:
@@ -240,6 +244,8 @@ class TrtllmPolicy(Policy):
         """Blocks the request holds as TensorRT-LLM counts them: a started context holds its whole
         prompt (``addSequence`` at its first chunk), anything else the blocks of its computed tokens."""
         c = r.num_computed_tokens
+        if r.policy_state is HANDOFF:
+            return 0
         if c and not r.policy_state:
             return _cdiv(r.num_tokens, self.B)
         return _cdiv(c, self.B)
@@ -264,6 +270,8 @@ class TrtllmPolicy(Policy):
         decode one block when its next token starts one."""
         B = self.B
         c = r.num_computed_tokens
+        if r.policy_state is HANDOFF:
+            return _cdiv(c + 1, B)  # the transferred KV and its next token
         if r.policy_state:
             return _cdiv(c + 1, B) - _cdiv(c, B)
         return 0 if c else _cdiv(r.num_tokens, B)
@@ -294,7 +302,7 @@ class TrtllmPolicy(Policy):
 
     def _skip(self, r: Request, contributed: set[int]) -> bool:
         if r.policy_state or r.num_computed_tokens:
-            return False  # only a context at its first chunk may be skipped
+            return False  # only a context at its first chunk may be skipped (not a hand-off either)
         h = self._new_context_block(r)
         if h is None:
             return False
@@ -309,27 +317,31 @@ class TrtllmPolicy(Policy):
         avail = self._free_blocks()
         scheduled: list[Request] = []
         pending: list[Request] = []
+        handoffs: list[Request] = []
         for r in self.active:
             if len(scheduled) >= self.max_batch:
                 break
-            if r.policy_state:
+            if r.policy_state is True:
                 scheduled.append(r)
                 avail -= self._remaining_to_completion(r)
+            elif r.policy_state is HANDOFF:
+                handoffs.append(r)
             else:
                 pending.append(r)
         if self.static and scheduled:
             return scheduled
         contributed = self._contributions() if self.reuse and not self.static else None
-        for r in pending:
-            if contributed is not None and self._skip(r, contributed):
-                continue
-            if len(scheduled) >= self.max_batch:
-                break
-            need = self._remaining_to_completion(r)
-            if need > avail:
-                break
-            scheduled.append(r)
-            avail -= need
+        for group in (handoffs, pending):  # pendingDisGenInitRequests first; a break ends one group
+            for r in group:
+                if r.policy_state is not HANDOFF and contributed is not None and self._skip(r, contributed):
+                    continue
+                if len(scheduled) >= self.max_batch:
+                    break
+                need = self._remaining_to_completion(r)
+                if need > avail:
+                    break
+                scheduled.append(r)
+                avail -= need
         return scheduled
 
     def _capacity_max_utilization(self, plan: StepPlan) -> list[Request]:
@@ -346,9 +358,10 @@ class TrtllmPolicy(Policy):
                 i += 1
                 continue
             need = self._needed_one_step(r)
-            if not r.policy_state and not r.num_computed_tokens and need > self.num_blocks:
-                self._drop(r, f"paused at {r.num_tokens} tokens, which need {need} KV blocks; the whole pool "
-                              f"has {self.num_blocks}")
+            unstarted = r.policy_state is HANDOFF or not (r.policy_state or r.num_computed_tokens)
+            if unstarted and need > self.num_blocks:
+                self._drop(r, f"needs {need} KV blocks at {r.num_tokens} tokens (prompt + generated); the whole "
+                              f"pool has {self.num_blocks}")
                 end -= 1
                 continue
             if len(scheduled) < self.max_batch and needed + need <= free:
@@ -357,7 +370,8 @@ class TrtllmPolicy(Policy):
                 i += 1
                 continue
             j = end - 1
-            while j >= i and not (active[j].policy_state or active[j].num_computed_tokens):
+            while j >= i and (active[j].policy_state is HANDOFF
+                              or not (active[j].policy_state or active[j].num_computed_tokens)):
                 j -= 1
             if j < i:
                 break
@@ -485,6 +499,12 @@ class TrtllmPolicy(Policy):
         for r in gens:
             if kv.allocate_slots(r, 1) is None:
                 raise AssertionError(f"{r.id}: a decode the capacity scheduler admitted does not fit")
+            if r.policy_state is HANDOFF:  # admitted with its transferred KV: a decode from now on
+                r.policy_state = True
+                r.status = Status.RUNNING
+                plan.admitted.append(r)
+                self._started += 1
+                self._stored_tokens += r.num_computed_tokens
             c = r.num_computed_tokens
             plan.add(r, 1, c)
             r.num_computed_tokens = c + 1
@@ -556,6 +576,8 @@ class TrtllmPolicy(Policy):
         context = 0
         for r in active:
             c = r.num_computed_tokens
+            if r.policy_state is HANDOFF:
+                return None
             if r.policy_state:
                 if c != r.num_tokens - 1:
                     return None

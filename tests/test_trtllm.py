@@ -237,3 +237,23 @@ def test_kv_pool_is_a_fraction_of_the_memory_left_after_weights_and_the_profilin
         assert "free_gpu_memory_fraction" in pool.note
     with pytest.raises(CbsimError, match="does not fit"):
         trtllm_kv(get_model("llama-3-70b"), get_gpu("rtx-4090"), _Hw(), 1, max_num_tokens=8192, max_seq_len=8192)
+
+
+def test_a_request_handed_over_with_its_prompts_kv_is_admitted_as_a_decode():
+    """Disaggregated serving (sim.disaggregation): a request arrives with its 40-token prompt computed
+    elsewhere and its first token emitted. Like TensorRT-LLM's DISAGG_GENERATION_INIT requests it
+    waits for its no-evict reservation (ceil((40 + 20) / 8) = 8 blocks), not for the token budget
+    (its prompt is not computed here), and its first step is a one-token decode over the transferred
+    context, holding ceil(41 / 8) = 6 blocks."""
+    limits = _limits(blocks=12, block=8, budget=16)
+    policy = make_policy("trtllm", limits, tokens_per_block=8)
+    held = Request("held", 0.0, 40, 20, seq=0)
+    held.num_computed_tokens, held.num_output_tokens = 40, 1
+    policy.add_request(held)
+    plan = policy.schedule()
+    assert [(r.id, n, c) for r, n, c in zip(plan.scheduled, plan.num_new_tokens, plan.context)] == [("held", 1, 40)]
+    assert plan.admitted == [held] and policy.kv_blocks_used() == 6 and policy.num_running == 1
+    other = Request("other", 0.0, 40, 20, seq=1)  # another 8-block reservation: 4 blocks are left
+    other.num_computed_tokens, other.num_output_tokens = 40, 1
+    policy.add_request(other)
+    assert [r.id for r in policy.schedule().scheduled] == ["held"]

@@ -187,6 +187,9 @@ class Policy:
     summary: ClassVar[str] = ""
     KNOBS: ClassVar[dict[str, Knob]] = {}
     uses_token_budget: ClassVar[bool] = True
+    # whose arithmetic sizes the KV pool when the scenario does not pin it: "vllm"
+    # (sim/hardware/kv_capacity.py) or "trtllm" (sim/hardware/trtllm_kv.py)
+    kv_sizing: ClassVar[str] = "vllm"
     # where max_num_seqs / max_num_batched_tokens come from when the scenario leaves them unset
     engine_defaults_source: ClassVar[str] = (
         f"fixed: {DEFAULT_MAX_NUM_SEQS} / {DEFAULT_MAX_NUM_BATCHED_TOKENS} on every device"

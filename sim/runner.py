@@ -43,6 +43,8 @@ def policy_knobs(scn: Scenario, entry) -> dict:
     caching = scn.engine.enable_prefix_caching  # null: the policy's own default (on in vllm-v1)
     if "enable_prefix_caching" in cls.KNOBS and "enable_prefix_caching" not in knobs and caching is not None:
         knobs["enable_prefix_caching"] = caching
+    if "enable_block_reuse" in cls.KNOBS and "enable_block_reuse" not in knobs and caching is not None:
+        knobs["enable_block_reuse"] = caching  # trtllm's name for it
     return knobs
 
 
@@ -122,6 +124,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         "max_num_batched_tokens": limits.max_num_batched_tokens,
         "latency": replicas[0][1].name,
         "swap_s_per_block": replicas[0][1].swap_time(1),
+        "kv_sizing": dep.kv_sizing(entry.name, knobs),
     }
     summary = summarize(
         requests, steps,

@@ -29,6 +29,9 @@ from sim.results import RunResult
 from sim.routing import make_router
 from sim.scenario.resolved import Deployment, resolve
 from sim.scenario.schema import Scenario, load_scenario
+from sim.speculative.report import speculative_report
+from sim.speculative.setup import speculation_for
+from sim.workload.closed_loop import closed_loop
 from sim.workload.synthetic import build_workload
 
 
@@ -40,16 +43,22 @@ def policy_knobs(scn: Scenario, entry) -> dict:
     caching = scn.engine.enable_prefix_caching  # null: the policy's own default (on in vllm-v1)
     if "enable_prefix_caching" in cls.KNOBS and "enable_prefix_caching" not in knobs and caching is not None:
         knobs["enable_prefix_caching"] = caching
+    if "enable_block_reuse" in cls.KNOBS and "enable_block_reuse" not in knobs and caching is not None:
+        knobs["enable_block_reuse"] = caching  # trtllm's name for it
     return knobs
 
 
 DEFAULT_DRAIN_S = 3600.0
 
 
-def time_limit(scn: Scenario, specs) -> tuple[float, bool]:
-    """(where simulated time stops, whether that is the default cap rather than ``horizon_s``)."""
+def time_limit(scn: Scenario, specs) -> tuple[float | None, bool]:
+    """(where simulated time stops, whether that is the default cap rather than ``horizon_s``).
+    Closed-loop clients (no arrival times before the run) without ``horizon_s``: (None, True), the
+    cap moving with the sends during the run (:mod:`sim.clients`)."""
     if scn.horizon_s is not None:
         return float(scn.horizon_s), False
+    if closed_loop(scn, len(specs)) is not None:
+        return None, True
     if not specs:
         return DEFAULT_DRAIN_S, True
     first = min(s.arrival_s for s in specs)
@@ -84,12 +93,23 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     scn, gpu = dep.scenario, dep.gpu
     knobs = policy_knobs(scn, entry)
     limits = dep.limits_for(entry.name, knobs)  # unset batch limits: this policy's engine defaults
+    speculation = speculation_for(dep, entry)  # policies[].speculative: drafts scheduled, drafter priced
+    if speculation is not None:
+        limits = speculation.limits(limits, dep)  # the drafter's weights and KV share the GPU
     replicas = [(make_policy(entry.name, limits, **knobs), dep.latency()) for _ in range(dep.replicas)]
+    if speculation is not None:
+        for pol, _lat in replicas:
+            speculation.enable(pol)
+        replicas = [(pol, speculation.wrap(lat)) for pol, lat in replicas]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
-                     horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
+                     horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
+                     clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason,
+                     acceptance=speculation.acceptance if speculation is not None else None)
     recorder = sim.run()
+    if end_s is None:  # closed loop: where the moving cap stopped it, if it did
+        end_s = sim.end_s
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
     pol = replicas[0][0]
@@ -104,6 +124,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         "max_num_batched_tokens": limits.max_num_batched_tokens,
         "latency": replicas[0][1].name,
         "swap_s_per_block": replicas[0][1].swap_time(1),
+        "kv_sizing": dep.kv_sizing(entry.name, knobs),
     }
     summary = summarize(
         requests, steps,
@@ -121,6 +142,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     )
     summary.update(end_report(requests, end_s, capped))
     summary["communication"] = communication_report(dep, replicas[0][1], steps)
+    summary["speculative"] = speculative_report(getattr(entry, "speculative", None), requests, steps)
     return requests, steps, summary, meta
 
 
@@ -147,9 +169,12 @@ def run_disaggregation(scn: Scenario, specs, on_progress: Callable[[int], None] 
     from sim.disaggregation.run import run_disaggregated
 
     end_s, capped = time_limit(scn, specs)
-    requests, steps, summary, meta, _ = run_disaggregated(
+    requests, steps, summary, meta, top = run_disaggregated(
         scn, specs, knobs_of=policy_knobs, end_s=end_s, on_progress=on_progress,
-        horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
+        horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
+        clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason)
+    if end_s is None:
+        end_s = top.end_s
     summary.update(end_report(requests, end_s, capped))
     return requests, steps, summary, meta
 

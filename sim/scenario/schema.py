@@ -265,30 +265,95 @@ class Engine(BaseModel):
 # ------------------------------------------------------------------------------------------------
 # workload
 # ------------------------------------------------------------------------------------------------
-class Arrival(BaseModel):
-    """When requests arrive."""
+class TimeDist(BaseModel):
+    """A distribution of seconds (a client's think time)."""
 
     model_config = _cfg()
 
-    process: Literal["poisson", "gamma", "constant", "trace"] = Field(
+    dist: Literal["fixed", "uniform", "exponential", "lognormal"] = Field(
+        "fixed", description="fixed {value}, uniform {min, max}, exponential {mean}, lognormal {mean, p99}")
+    value: float | None = Field(None, ge=0, description="seconds (fixed)")
+    min: float | None = Field(None, ge=0, description="shortest (uniform)")
+    max: float | None = Field(None, ge=0, description="longest (uniform)")
+    mean: float | None = Field(None, gt=0, description="mean seconds (exponential, lognormal)")
+    p99: float | None = Field(None, gt=0, description="99th-percentile seconds (lognormal), > mean")
+
+    @model_validator(mode="after")
+    def _check(self) -> TimeDist:
+        needed = _TIME_PARAMS[self.dist]
+        for key in ("value", "min", "max", "mean", "p99"):
+            given = getattr(self, key) is not None
+            if key in needed and not given:
+                raise KeyedError(key, f"required for dist {self.dist!r}")
+            if key not in needed and given:
+                raise KeyedError(key, f"not used by dist {self.dist!r}; dist {self.dist!r} takes "
+                                      f"{', '.join(needed)}")
+        if self.dist == "uniform" and self.min > self.max:
+            raise KeyedError("min", f"must be <= max ({self.max}), got {self.min}")
+        if self.dist == "lognormal":
+            from sim.workload.distributions import lognormal_params
+
+            try:
+                lognormal_params(self.mean, self.p99)
+            except CbsimError as exc:
+                raise KeyedError("p99", str(exc)) from None
+        return self
+
+
+_TIME_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
+                "lognormal": ("mean", "p99")}
+
+
+class Arrival(BaseModel):
+    """When requests arrive: an open-loop process (at a rate) or closed-loop clients."""
+
+    model_config = _cfg()
+
+    process: Literal["poisson", "gamma", "constant", "trace", "closed"] = Field(
         "poisson", description="poisson (exponential gaps), gamma (gaps with coefficient of variation cv), "
-                               "constant (equal gaps), trace (the trace's timestamps)")
-    rate: float | None = Field(None, gt=0, description="requests per second; required unless process is trace")
+                               "constant (equal gaps), trace (the trace's timestamps), closed (concurrency "
+                               "clients, each sending its next request when its previous one ends: "
+                               "vllm bench serve --max-concurrency; docs/closed-loop.md)")
+    rate: float | None = Field(None, gt=0, description="requests per second; required for poisson, gamma "
+                                                       "and constant")
     cv: float | None = Field(None, gt=0, description="coefficient of variation of the gaps; required for "
                                                      "gamma (1 = Poisson, >1 burstier)")
+    concurrency: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="closed: clients, each with "
+                                    "one request in flight at a time (required for process closed)")
+    think_time_s: float | TimeDist | None = Field(None, description="closed: seconds a client waits after "
+                                                  "its request ends (last token, or rejection) before it "
+                                                  "sends the next; a number or a distribution "
+                                                  "{dist: fixed|uniform|exponential|lognormal}; null: 0")
+    ramp_s: float | None = Field(None, ge=0, description="closed: the clients' first sends are spread "
+                                 "evenly over [0, ramp_s) (client c at c × ramp_s / concurrency); "
+                                 "null: all at t = 0")
 
     @model_validator(mode="after")
     def _check(self) -> Arrival:
         if self.process == "trace" and self.rate is not None:
             raise KeyedError("rate", "not used with process 'trace' (arrivals are the trace's timestamps); "
                                      "scale them with workload.trace.rate_scale")
-        if self.process != "trace" and self.rate is None:
+        if self.process == "closed" and self.rate is not None:
+            raise KeyedError("rate", "not used with process 'closed' (clients send when their previous "
+                                     "request ends); set concurrency instead")
+        if self.process not in ("trace", "closed") and self.rate is None:
             raise KeyedError("rate", f"required for process {self.process!r} (requests per second)")
         if self.process == "gamma" and self.cv is None:
             raise KeyedError("cv", "required for process 'gamma' (coefficient of variation of the gaps)")
         if self.process != "gamma" and self.cv is not None:
             raise KeyedError("cv", f"only used by process 'gamma', not {self.process!r}")
+        if self.process == "closed" and self.concurrency is None:
+            raise KeyedError("concurrency", "required for process 'closed' (how many clients send at once)")
+        for key in ("concurrency", "think_time_s", "ramp_s"):
+            if self.process != "closed" and getattr(self, key) is not None:
+                raise KeyedError(key, f"only used by process 'closed', not {self.process!r}")
+        if isinstance(self.think_time_s, float | int) and self.think_time_s < 0:
+            raise KeyedError("think_time_s", f"must be >= 0 seconds, got {self.think_time_s}")
         return self
+
+    @property
+    def closed(self) -> bool:
+        return self.process == "closed"
 
 
 _DIST_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "p99"), "azure-conv": (),
@@ -470,6 +535,91 @@ class Workload(BaseModel):
 # ------------------------------------------------------------------------------------------------
 # policies, SLO, replicas
 # ------------------------------------------------------------------------------------------------
+SPEC_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft")
+MAX_SPEC_TOKENS = 32
+
+
+class SpecAcceptance(BaseModel):
+    """How often the target accepts draft tokens (``sim.speculative.acceptance``): exactly one key."""
+
+    model_config = _cfg()
+
+    rate: float | None = Field(None, ge=0, le=1, description="one acceptance rate for every draft "
+                               "position (the geometric model: each draft accepted with this probability "
+                               "once the drafts before it were)")
+    per_position: list[float] | None = Field(None, min_length=1, description="vLLM's per-position "
+                                             "acceptance rates: the fraction of drafts at position 1, 2, "
+                                             "... accepted (non-increasing, one per draft token)")
+    mean_length: float | None = Field(None, ge=1, description="a measured mean acceptance length: tokens "
+                                      "emitted per verification step, the bonus token included (as the "
+                                      "EAGLE papers report it); turned into the geometric rate")
+
+    @model_validator(mode="after")
+    def _check(self) -> SpecAcceptance:
+        given = [k for k in ("rate", "per_position", "mean_length") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise KeyedError("rate", "give exactly one of rate, per_position, mean_length"
+                                     + (f" (got {', '.join(given)})" if given else ""))
+        pp = self.per_position
+        if pp is not None:
+            if any(not 0 <= r <= 1 for r in pp):
+                raise KeyedError("per_position", f"rates must be in [0, 1], got {pp}")
+            if any(b > a for a, b in zip(pp, pp[1:])):
+                raise KeyedError("per_position", f"must be non-increasing (a draft is accepted only "
+                                                 f"after every draft before it), got {pp}")
+        return self
+
+
+class Speculative(BaseModel):
+    """Speculative decoding on a policy entry (vllm-v1): a drafter proposes, the target verifies."""
+
+    model_config = _cfg()
+
+    method: Literal["ngram", "eagle", "eagle3", "mtp", "draft"] = Field(
+        description="the drafter (required): ngram (prompt lookup on the CPU), eagle / eagle3 (a one-layer "
+                    "head on the target's hidden states), mtp (the model's multi-token-prediction layer), "
+                    "draft (a smaller model, draft_model)")
+    num_speculative_tokens: int = Field(gt=0, le=MAX_SPEC_TOKENS, description="draft tokens proposed per "
+                                        "request and step, k (required; vLLM's num_speculative_tokens)")
+    acceptance: SpecAcceptance = Field(description="acceptance of the drafts (required): rate, "
+                                                   "per_position or mean_length")
+    draft_model: str | None = Field(
+        None, description="method draft: the draft model, a model id or ORG/NAME of a config.json found "
+                          "locally (cbsim models), priced on the roofline; unused by the other methods")
+    draft_vocab_size: int | None = Field(None, gt=0, description="eagle / eagle3: rows of the head's LM "
+                                         "head; null: the target's vocabulary (eagle) or 32000 (eagle3, as "
+                                         "the published Llama-3.1-8B EAGLE-3 head)")
+    propose_s_per_request: float | None = Field(None, ge=0, description="ngram: CPU seconds of the n-gram "
+                                                "search per proposing request and step; null: 1e-05 (an "
+                                                "assumption)")
+
+    @model_validator(mode="after")
+    def _check(self) -> Speculative:
+        k = self.num_speculative_tokens
+        acc = self.acceptance
+        if acc.per_position is not None and len(acc.per_position) != k:
+            raise KeyedError("acceptance.per_position", f"needs one rate per draft token: "
+                                                        f"{len(acc.per_position)} given, num_speculative_tokens is {k}")
+        if acc.mean_length is not None and acc.mean_length > k + 1:
+            raise KeyedError("acceptance.mean_length", f"at most num_speculative_tokens + 1 = {k + 1} tokens "
+                                                       f"a step, got {acc.mean_length}")
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise KeyedError("draft_model", "required by method draft (the draft model)" if self.method == "draft"
+                             else f"only used by method draft, not {self.method!r}")
+        if self.draft_model is not None:
+            from sim.hardware.models import get_model
+
+            try:
+                get_model(self.draft_model)
+            except CbsimError as exc:
+                raise KeyedError("draft_model", str(exc)) from None
+        if self.draft_vocab_size is not None and self.method not in ("eagle", "eagle3"):
+            raise KeyedError("draft_vocab_size", f"only used by methods eagle and eagle3, not {self.method!r}")
+        if self.propose_s_per_request is not None and self.method != "ngram":
+            raise KeyedError("propose_s_per_request", f"only used by method ngram, not {self.method!r}")
+        return self
+
+
 class PolicyEntry(BaseModel):
     """One policy to simulate, with its knobs (``cbsim policies`` lists them)."""
 
@@ -477,6 +627,8 @@ class PolicyEntry(BaseModel):
 
     name: str = Field(description="policy id (required): a key of policies.registry.POLICIES")
     label: str | None = Field(None, description="the name in results and plots; default: name; unique")
+    speculative: Speculative | None = Field(None, description="speculative decoding (vllm-v1 only): "
+                                            "method, num_speculative_tokens, acceptance; null: none")
 
     @model_validator(mode="after")
     def _check(self) -> PolicyEntry:
@@ -485,10 +637,14 @@ class PolicyEntry(BaseModel):
             raise KeyedError("name", f"unknown policy {self.name!r}{nearest(self.name, registry)}; "
                                      f"policies: {', '.join(registry)}")
         cls = registry[self.name]
+        if self.speculative is not None and not getattr(cls, "supports_speculation", False):
+            supported = [n for n, c in registry.items() if getattr(c, "supports_speculation", False)]
+            raise KeyedError("speculative", f"policy {self.name!r} does not model speculative decoding; "
+                                            f"drop the key or use {', '.join(supported)}")
         knobs = getattr(cls, "KNOBS", {})
         for key, value in (self.__pydantic_extra__ or {}).items():
             if key not in knobs:
-                allowed = ["name", "label", *knobs]
+                allowed = ["name", "label", *(["speculative"] if cls.supports_speculation else []), *knobs]
                 raise KeyedError(key, f" for policy {self.name!r}{nearest(key, allowed)}; "
                                       f"allowed keys: {', '.join(allowed)}", unknown=True)
             problem = _knob_type_problem(knobs[key], value)
@@ -502,6 +658,12 @@ class PolicyEntry(BaseModel):
     def knobs(self) -> dict[str, Any]:
         """The knobs this entry sets (the policy supplies its defaults for the rest)."""
         return dict(self.__pydantic_extra__ or {})
+
+
+class PoolPolicyEntry(PolicyEntry):
+    """A disaggregated pool's scheduler: a policy entry without speculative decoding."""
+
+    speculative: Any = Field(None, description="not modelled in disaggregated pools: must be left out")
 
 
 def _check_knob_values(cls, knobs: dict[str, Any]) -> None:
@@ -590,7 +752,7 @@ class DisaggPool(BaseModel):
                                                     "left out take the scenario's engine; null: the scenario's")
     latency: Latency | None = Field(None, description="step time model of this pool (a table measured on "
                                                       "its GPU); null: the scenario's latency")
-    policy: PolicyEntry = Field(default_factory=lambda: PolicyEntry(name="vllm-v1"),
+    policy: PoolPolicyEntry = Field(default_factory=lambda: PoolPolicyEntry(name="vllm-v1"),
                                 description="the scheduler of this pool's instances, with its knobs; it "
                                             "must hand KV blocks over (vllm-v1)")
 
@@ -599,6 +761,9 @@ class DisaggPool(BaseModel):
         from policies.base import EngineLimits
         from policies.kv.paged import PagedKVManager
 
+        if self.policy.speculative is not None:
+            raise KeyedError("policy.speculative", "speculative decoding is not modelled in disaggregated "
+                                                   "pools; drop the key (or simulate it as a colocated policy)")
         cls = policy_registry()[self.policy.name]
         if not isinstance(getattr(cls(EngineLimits(), **self.policy.knobs()), "kv", None), PagedKVManager):
             raise KeyedError("policy.name", f"{self.policy.name!r} cannot hand a request's KV blocks to "

@@ -12,8 +12,8 @@ For every row cbsim can price (:func:`classify` says why the others are skipped)
 (and caches under ``bench/.cache/silicon/``, gitignored) one kernel-db table per (GPU, model, TP,
 precision, engine, kernel-database version), simulates the row closed-loop
 (``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
-limits, ``--rounds`` requests per client (the first round is the all-at-once wave the benchmark
-tools also start with), and reports the signed error of mean TTFT and mean TPOT per row, and per
+limits, ``--rounds`` requests per client (the first round is the opening wave the benchmark tools
+also start with; the clients' first sends ``--send-gap-ms`` apart), and reports the signed error of mean TTFT and mean TPOT per row, and per
 (GPU, engine, model) group the median and p90 of |error| and the median signed error.
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
@@ -297,13 +297,7 @@ def simulate(args) -> Result:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            scn = scenario_of(row, table, rounds, send_gap_s)
-            try:
-                result = sim.run(scn)
-            except CbsimError as exc:
-                if "arrival.process" not in str(exc):
-                    raise
-                result = _closed_standin(scn)
+            result = sim.run(scenario_of(row, table, rounds, send_gap_s))
         req = result.requests
         res.sim_ttft_ms = float(req["ttft_s"].mean()) * 1e3
         res.sim_tpot_ms = float(req["tpot_s"].mean()) * 1e3
@@ -313,71 +307,6 @@ def simulate(args) -> Result:
         res.error = str(exc)[:200]
     res.wall_s = time.perf_counter() - t0
     return res
-
-
-def _closed_standin(scn: dict):
-    """Closed-loop clients before ``workload.arrival.process: closed`` exists on this branch: the
-    scenario's requests handed out ``concurrency`` at t = 0 and each next one when one finishes
-    (think time 0). TEMPORARY: removed once the scenario key lands."""
-    import copy
-    from dataclasses import replace
-    from types import SimpleNamespace
-
-    from sim.engine import Replica, Simulation
-    from sim.runner import make_policy, make_router, policy_knobs
-    from sim.scenario.resolved import resolve
-    from sim.scenario.schema import load_scenario
-    from sim.workload.synthetic import build_workload
-
-    n = scn["workload"]["arrival"]["concurrency"]
-    ramp = scn["workload"]["arrival"].get("ramp_s", 0.0)
-    d = copy.deepcopy(scn)
-    d["workload"]["arrival"] = {"process": "constant", "rate": 1e6}
-    s = load_scenario(d)
-    specs = build_workload(s)
-    dep = resolve(s)
-    entry = s.policies[0]
-    knobs = policy_knobs(s, entry)
-    limits = dep.limits_for(entry.name, knobs)
-
-    class Closed(Simulation):
-        def arrivals(self):
-            self.pending = list(reversed(self.records[n:]))
-            for i, rec in enumerate(self.records[:n]):
-                at = ramp * i / n
-                if at > self.env.now:
-                    self.next_arrival_at = at
-                    yield self.env.timeout(at - self.env.now)
-                rec.spec = replace(rec.spec, arrival_s=self.env.now)
-                self._route(rec)
-            self.next_arrival_at = math.inf
-            yield self.env.timeout(0)
-
-        def send_next(self):
-            if self.pending:
-                rec = self.pending.pop()
-                rec.spec = replace(rec.spec, arrival_s=self.env.now)
-                self._route(rec)
-            elif not getattr(self, "done", False):
-                self.done = True
-                for rep in self.replicas:
-                    rep.arrivals_done = True
-                    rep._kick()
-
-    orig_end = Replica._end
-
-    def _end(self, rec, state, reason=""):
-        orig_end(self, rec, state, reason)
-        self.simulation.send_next()
-
-    Replica._end = _end
-    try:
-        simu = Closed(specs, [(make_policy(entry.name, limits, **knobs), dep.latency())], limits.max_model_len,
-                      router=make_router(s.replicas.router), fast_forward=True)
-        rec = simu.run()
-    finally:
-        Replica._end = orig_end
-    return SimpleNamespace(requests=rec.requests_frame())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class LatencyModel:
         n = shape.num_tokens
         # linear layers, plus attention: QK^T and PV, 2 FLOPs per multiply-add, per layer and
         # per query-key pair
-        flops = (self._layer_flops_per_token * n + self._lm_head_flops * shape.num_seqs
+        flops = (self._layer_flops_per_token * n + self._lm_head_flops * (shape.num_seqs + shape.spec_tokens)
                  + self._attn_flops_per_pair * (shape.prefill_attn + shape.decode_ctx))
         # weights once per step, KV read (context) and written (new tokens), activations
         bytes_ = (self._weight_bytes + self.kv_bytes_per_token * (shape.kv_tokens_read + n)

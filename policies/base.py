@@ -54,6 +54,7 @@ class Request:
         "num_preemptions",
         "num_swaps",
         "reject_reason",
+        "refused",
         "seq",
         "policy_state",
     )
@@ -82,6 +83,9 @@ class Request:
         self.num_preemptions = 0
         self.num_swaps = 0
         self.reject_reason: str | None = None
+        # rejected because of the load at the time (TGI's HTTP 429), not because of the request
+        # itself: verdicts count such a request as infinitely late (sim.metrics.summary)
+        self.refused = False
         self.seq = seq  # arrival order, for stable tie-breaking
         self.policy_state: Any = None  # free slot for a policy's per-request bookkeeping
 

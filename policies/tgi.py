@@ -137,7 +137,7 @@ class TgiPolicy(Policy):
         if len(self.queue) + len(self.running) >= self.max_concurrent:
             self.num_429 += 1
             self._reject(req, f"429 Too Many Requests: {self.max_concurrent} requests already queued "
-                              f"or running (max_concurrent_requests)")
+                              f"or running (max_concurrent_requests)", refused=True)
             return
         if req.prompt_tokens >= lim.max_model_len:
             self._reject(req, f"422: prompt of {req.prompt_tokens} tokens must be shorter than "
@@ -161,9 +161,11 @@ class TgiPolicy(Policy):
         req.status = Status.WAITING
         self.queue.append(req)
 
-    def _reject(self, req: Request, reason: str) -> None:
+    def _reject(self, req: Request, reason: str, refused: bool = False) -> None:
+        """``refused``: turned away for the load (429), not for the request itself (422)."""
         req.status = Status.REJECTED
         req.reject_reason = reason
+        req.refused = refused
         self._rejected.append(req)
 
     @staticmethod

@@ -87,6 +87,7 @@ def request_rows(top) -> tuple[pd.DataFrame, list[np.ndarray]]:
         cols["e2e_s"].append(finish - arrival if done else NAN)
         cols["state"].append(state)
         cols["reason"].append(reason)
+        cols["refused"].append(bool(state == "rejected" and (d.refused if landed else p.refused)))
         cols["preemptions"].append(p.preemptions + (d.preemptions if landed else 0))
         cols["swaps"].append(p.swaps + (d.swaps if landed else 0))
         cols["prefill_replica"].append(h.prefill_replica)

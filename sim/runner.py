@@ -115,6 +115,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         slo=scn.slo,
         num_replicas=dep.replicas,
         kv_tokens_per_replica=meta["kv_blocks_total"] * limits.block_size,
+        max_model_len=limits.max_model_len,
         # ITL from the recorder's runs of token times (sim.metrics.recorder): the same order statistics
         # without a list of every gap (and runs too large to keep token times in memory have none)
         itl=recorder.itl_stats(),
@@ -198,6 +199,7 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
                 raise CbsimError(f"--policy {label!r} is not in the scenario{nearest(label, known)}; "
                                  f"its policies are: {', '.join(known)}")
     specs = build_workload(scn)
+    cuts = workload_cuts(specs)
     dep = resolve(scn)
     req_frames, step_frames, summaries, meta = [], [], {}, {}
     dis = scn.disaggregation
@@ -218,6 +220,7 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
             steps.insert(0, "policy", label)
             req_frames.append(requests)
             step_frames.append(steps)
+            summary["workload_cuts"] = cuts
             summaries[label] = summary
             meta[label] = m
     return RunResult(
@@ -227,6 +230,14 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
         summaries=summaries,
         meta=meta,
     )
+
+
+def workload_cuts(specs) -> dict[str, int]:
+    """What the workload changed in its requests, and in how many (``RequestSpec.cut``: synthetic
+    prompts clipped to the context), so a run never changes a request without saying so."""
+    from collections import Counter
+
+    return dict(Counter(s.cut for s in specs if s.cut))
 
 
 class _NoProgress:

@@ -124,6 +124,7 @@ def backlog_notes(result) -> list[str]:
                 first = rows.iloc[0]
                 more = f" (and {len(rows) - 1} more; see requests.parquet)" if len(rows) > 1 else tail
                 notes.append(f"{label}: {len(rows)} requests {kind}: {first['id']}: {first['reason']}{more}")
+        notes += cut_notes(label, s, result.scenario)
         if s["requests_unfinished"]:
             counts = s.get("unfinished_reasons", {})
             end = s.get("end_s")
@@ -141,6 +142,25 @@ def backlog_notes(result) -> list[str]:
         from sim.runner import CAP_HINT
 
         notes.append(f"({CAP_HINT})")
+    return notes
+
+
+def cut_notes(label: str, s: dict, scn) -> list[str]:
+    """Every request cbsim shortened, counted with why: synthetic prompts clipped to the context
+    (``workload_cuts``) and outputs the engine stopped before their own end (``requests_cut``)."""
+    notes = []
+    mml = scn.engine.max_model_len
+    own = "" if "max_model_len" in scn.engine.model_fields_set else ", the model's context length"
+    for why, n in (s.get("workload_cuts") or {}).items():
+        notes.append(f"{label}: {n} synthetic prompts {why} ({mml:,}{own}); their tails were never sent")
+    cut = s.get("requests_cut") or {}
+    if cut.get("max_model_len"):
+        notes.append(f"{label}: {cut['max_model_len']} outputs cut where prompt + output reached engine.max_model_len "
+                     f"({mml:,}{own}), as vLLM stops them (finish reason length); raise engine.max_model_len "
+                     f"or shorten the prompts to serve them whole")
+    if cut.get("max_tokens"):
+        notes.append(f"{label}: {cut['max_tokens']} outputs stopped at the client's max_tokens "
+                     f"(workload.max_tokens or the trace's) before their own end")
     return notes
 
 

@@ -186,6 +186,7 @@ def summarize_disaggregated(top, requests: pd.DataFrame, steps: pd.DataFrame, ti
         peak_flops=sum(p.dep.gpu.peak_flops * p.instances for p in pools),
         hbm_bandwidth=sum(p.dep.gpu.hbm_bandwidth * p.instances for p in pools),
         slo=slo, num_replicas=sum(p.instances for p in pools), itl=timing["itl_s"],
+        max_model_len=min(p.limits.max_model_len for p in pools),
     )
     gpus = sum(p.gpus for p in pools)
     summary["gpus"] = gpus

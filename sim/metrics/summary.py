@@ -146,10 +146,25 @@ def memory_sequences(requests: pd.DataFrame, kv_tokens: int | None) -> float | N
     return kv_tokens / footprint if footprint > 0 else None
 
 
+def cut_requests(requests: pd.DataFrame, max_model_len: int | None = None) -> dict[str, int]:
+    """Finished requests the engine stopped before their own end (``generated < output_tokens``,
+    vLLM's finish reason "length"), by why: ``max_model_len`` (prompt + output filled the context,
+    whether through the engine's ``max_tokens`` fill-in or the context check) or ``max_tokens``
+    (the client's own limit)."""
+    fin = requests[requests["state"] == "finished"]
+    gen = fin["generated"].to_numpy()
+    short = gen < fin["output_tokens"].to_numpy()
+    if max_model_len is not None:
+        context = short & (fin["prompt_tokens"].to_numpy() + gen >= max_model_len)
+    else:
+        context = short & (gen < fin["max_tokens"].to_numpy())
+    return {"max_model_len": int(context.sum()), "max_tokens": int((short & ~context).sum())}
+
+
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
               token_budget: int | None, kv_blocks_total: int, peak_flops: float,
               hbm_bandwidth: float, slo=None, num_replicas: int = 1, itl: dict | None = None,
-              kv_tokens_per_replica: int | None = None) -> dict:
+              kv_tokens_per_replica: int | None = None, max_model_len: int | None = None) -> dict:
     """``kv_tokens_per_replica``: one replica's KV pool in tokens (blocks × block size), for
     ``memory_sequences``, ``utilization.batch_vs_memory`` and ``utilization.kv_written`` (null
     without it). ``itl``: the ITL figures (``{"mean", "p50", "p90", "p99"}``) computed elsewhere: the
@@ -202,6 +217,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         "requests_refused": int(refused_mask(requests).sum()),
         "requests_invalid": int((requests["state"] == "rejected").sum() - refused_mask(requests).sum()),
         "requests_unfinished": int((requests["state"] == "unfinished").sum()),
+        "requests_cut": cut_requests(requests, max_model_len),
         "duration_s": span,
         "throughput_rps": throughput,
         "output_tps": out_tokens / span if span > 0 else 0.0,

@@ -190,6 +190,10 @@ class Policy:
     engine_defaults_source: ClassVar[str] = (
         f"fixed: {DEFAULT_MAX_NUM_SEQS} / {DEFAULT_MAX_NUM_BATCHED_TOKENS} on every device"
     )
+    # whose rule sizes this engine's KV pool when engine.num_gpu_blocks is unset: "vllm"
+    # (gpu_memory_utilization, sim.hardware.kv_capacity), "sglang" (mem_fraction_static) or "tgi"
+    # (its warm-up): sim.hardware.engine_memory
+    memory_model: ClassVar[str] = "vllm"
 
     def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
         unknown = set(knobs) - set(self.KNOBS)
@@ -248,8 +252,12 @@ class Policy:
 
     @property
     def max_slots(self) -> int:
-        """The denominator of slot utilization."""
+        """The denominator of slot utilization (the most requests it runs at once)."""
         return self.limits.max_num_seqs
+
+    def kv_tokens_total(self) -> int:
+        """The KV pool in tokens (the same unit for every policy, whatever its block or page)."""
+        return self.kv_blocks_total() * self.limits.block_size
 
     @property
     def token_budget(self) -> int | None:

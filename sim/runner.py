@@ -98,9 +98,10 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         "max_slots": pol.max_slots,
         "token_budget": pol.token_budget,
         "kv_blocks_total": pol.kv_blocks_total(),
+        "kv_tokens": pol.kv_tokens_total(),  # the pool in tokens, the same unit for every policy
         "cpu_blocks_total": limits.num_cpu_blocks,
         "block_size": limits.block_size,
-        "max_num_seqs": limits.max_num_seqs,
+        "max_num_seqs": pol.max_slots,  # the resolved running cap (sglang: max_running_requests)
         "max_num_batched_tokens": limits.max_num_batched_tokens,
         "latency": replicas[0][1].name,
         "swap_s_per_block": replicas[0][1].swap_time(1),
@@ -114,7 +115,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         hbm_bandwidth=gpu.hbm_bandwidth * dep.replicas,
         slo=scn.slo,
         num_replicas=dep.replicas,
-        kv_tokens_per_replica=meta["kv_blocks_total"] * limits.block_size,
+        kv_tokens_per_replica=meta["kv_tokens"],
         max_model_len=limits.max_model_len,
         # ITL from the recorder's runs of token times (sim.metrics.recorder): the same order statistics
         # without a list of every gap (and runs too large to keep token times in memory have none)

@@ -72,3 +72,43 @@ def test_an_overloaded_run_with_a_backlog_does_not_meet_the_slo():
     s = run(scn).summaries["vllm-v1"]
     assert s["requests_unfinished"] > 300
     assert s["slo_met"] is False
+
+
+# --- the same refusals in capacity, plan and sweep ---------------------------------------------
+def tgi_edge() -> dict:
+    """TGI that refuses past 4 concurrent requests (429), on the small scenario: the requests it
+    serves meet p99 TTFT 2 s and TPOT 0.1 s at any rate; only the refusals can make it miss. At 4
+    req/s under 1 % of the steady window is refused, at 8 req/s about 5 %."""
+    from tests.helpers import small_scenario
+
+    return small_scenario(seed=1, num_requests=200, policies=[{"name": "tgi", "max_concurrent_requests": 4}],
+                          slo={"ttft_s": 2.0, "tpot_s": 0.1})
+
+
+def test_capacity_and_plan_count_429s_as_missing_the_slo():
+    from sim.planning.capacity import capacity
+    from sim.planning.plan import plan
+
+    # without refusals in the verdict TGI would meet the SLO at every rate (a burst has no
+    # saturated throughput to bound it: it refuses all but four); with them the capacity is finite
+    cap = capacity(tgi_edge(), workers=1, tolerance=0.05)["tgi"]
+    assert 4.0 <= cap.rate_rps < 8.0
+    assert cap.summary["steady"]["refused"] <= 0.01 * cap.summary["steady"]["requests_in_window"]
+    # one replica at 16 req/s refuses about a third of the requests it is sent: missed, so more replicas
+    one = run(tgi_edge(), ["workload.arrival.rate=16.0"]).summaries["tgi"]
+    assert one["requests_refused"] > 0.2 * one["requests_total"]
+    assert one["ttft_s"]["p99"] < 2.0 and one["tpot_s"]["p99"] < 0.1 and one["slo_met"] is False
+    p = plan(tgi_edge(), 16.0, workers=1)["tgi"]
+    assert p.replicas is not None and p.replicas >= 2 and dict(p.probes)[1] is False
+
+
+def test_a_sweep_marks_the_rates_where_tgi_refused_as_missing(tmp_path):
+    from sim.planning.sweep import make_points, sweep, verdicts
+
+    res = sweep(tgi_edge(), make_points([1.0, 8.0]), tmp_path / "sw", workers=1, plot=True)
+    table = res.table.sort_values("rate").reset_index(drop=True)
+    assert list(verdicts(table)) == [True, False]
+    # 200 requests: the steady window is too short, so the whole run's verdict is the sweep's
+    assert table.loc[0, "requests_refused"] == 0 and table.loc[1, "requests_refused"] > 0
+    assert table.loc[1, "ttft_s.p99"] < 2.0 and table.loc[1, "tpot_s.p99"] < 0.1, "the refusals decide"
+    assert res.plot is not None and res.plot.exists()

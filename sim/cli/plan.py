@@ -50,7 +50,7 @@ def plan_cmd(
         if is_closed_loop(scn) or target_rate is None:
             raise CbsimError("--disaggregated plans an open-loop --target-rate; closed-loop clients "
                              "(workload.arrival.process: closed) are planned without --disaggregated")
-        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out)
+        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, seeds)
         return
     closed = is_closed_loop(scn)
     load = (f"{target_concurrency or scn.workload.arrival.concurrency} closed-loop clients" if closed

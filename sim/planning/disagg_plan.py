@@ -62,6 +62,7 @@ class Layout:
     saturated_rps: float | None = None  # that throughput (per replica when colocated), when measured
     stable: bool = True  # the verdict agreed between two probe sizes in a row
     probe_requests: int | None = None  # requests in the run whose verdict was used
+    spread: dict | None = None  # over the seeds (sim.planning.probe.judge_seeds)
     summary: dict = field(default_factory=dict, repr=False)
 
 
@@ -112,8 +113,8 @@ class _Verdicts:
     """Judges layouts once each (:func:`sim.planning.probe.judge_saturation_last`), keeps them in
     judging order, and counts the simulations."""
 
-    def __init__(self, scn, rate: float) -> None:
-        self.scn, self.rate = scn, rate
+    def __init__(self, scn, rate: float, seeds: int = 1) -> None:
+        self.scn, self.rate, self.seeds = scn, rate, seeds
         self.seen: dict[tuple, Layout] = {}
         self.order: list[Layout] = []
         self.saturation: dict[tuple, float | None] = {}
@@ -147,7 +148,8 @@ class _Verdicts:
         # a topology saturates as a whole (its own burst); colocated replicas as one replica of
         # the policy at that TP size (one burst shared by every replica count)
         sat_key = key if key[0] == "d" else ("c", label, key[3])
-        v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label))
+        v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label),
+                                  self.seeds)
         self.runs += v.runs
         summary = v.summary
         steady = summary.get("steady") or {}
@@ -156,6 +158,7 @@ class _Verdicts:
         layout.saturated_rps = self.saturation.get(sat_key)
         layout.p99 = percentile_of(figures, scn.slo) if figures else dict.fromkeys(SLO_METRICS)
         layout.probe_requests = summary.get("requests_total")
+        layout.spread = v.spread
         layout.summary = summary
         self.seen[key] = layout
         self.order.append(layout)
@@ -195,10 +198,11 @@ def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layo
 
 def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = (),
                        tp_choices: Iterable[int] | None = None, max_instances: int = DEFAULT_MAX_INSTANCES,
-                       policies: Iterable[str] | None = None) -> DisaggPlan:
+                       policies: Iterable[str] | None = None, seeds: int = 1) -> DisaggPlan:
     """The plan (module docstring). ``tp_choices``: TP sizes tried for each pool and for the
-    colocated layouts (default: the pools' own and the scenario's ``hardware.tensor_parallel``)."""
-    from sim.planning.capacity import labels_of, require_rate, require_slo
+    colocated layouts (default: the pools' own and the scenario's ``hardware.tensor_parallel``);
+    ``seeds``: every layout judged at that many workload seeds, met only when each meets."""
+    from sim.planning.capacity import check_seeds, labels_of, require_rate, require_slo
     from sim.scenario.schema import load_scenario
 
     if not target_rate > 0:
@@ -211,6 +215,7 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
                          "(see scenarios/disaggregation.yaml), or --set 'disaggregation={}'")
     require_slo(scn, "plan")
     require_rate(scn, "plan")
+    check_seeds(seeds)
     dis = scn.disaggregation
     if tp_choices is None:
         own = [(getattr(dis, p).hardware or scn.hardware).tensor_parallel for p in ("prefill", "decode")]
@@ -222,7 +227,7 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
             raise CbsimError(f"--tp takes tensor-parallel sizes of at least 1, got {tps}")
         pairs = [(a, b) for a in tps for b in tps]
         colocated_tps = tps
-    v = _Verdicts(scn, float(target_rate))
+    v = _Verdicts(scn, float(target_rate), seeds)
     best = None
     for tp_p, tp_d in pairs:
         found = search_split(v, tp_p, tp_d, max_instances)

@@ -170,18 +170,19 @@ def judge(scn, label: str, overrides, load_per_replica: float, saturated: float 
 
 
 def judge_saturation_last(scn, label: str, overrides, load_per_replica: float,
-                          saturated: Callable[[], float | None], **kw) -> Verdict:
+                          saturated: Callable[[], float | None], seeds: int = 1, **kw) -> Verdict:
     """:func:`judge` with rule 1 checked last: the runs first, then, only if they meet, the
     saturated throughput (``saturated()``, a burst). The verdict's ``met`` is the same as
     :func:`judge` given the saturated throughput up front (rule 1 only ever turns a *met* into a
     violation); a searcher whose every candidate has a saturated throughput of its own (each
     xPyD layout of the disaggregated planner) then measures it only for the candidates that meet."""
-    v = judge(scn, label, overrides, load_per_replica, None, **kw)
+    v = judge_seeds(scn, label, overrides, load_per_replica, None, seeds, **kw)
     if not v.met:
         return v
     sat = saturated()
     if sat is not None and load_per_replica >= sat:
-        return Verdict(met=False, stable=True, saturated=True, sizes=v.sizes, summary=v.summary)
+        return Verdict(met=False, stable=True, saturated=True, sizes=v.sizes, summary=v.summary,
+                       runs_extra=v.runs_extra, spread=v.spread)
     return v
 
 

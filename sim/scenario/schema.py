@@ -499,8 +499,10 @@ class Workload(BaseModel):
                                                   "trace: its lengths)")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
                                    description="the clients' max_tokens for every request (outputs "
-                                   "longer are cut to it); null: max_model_len - prompt for synthetic lengths, "
-                                   "output_tokens for traces and written-out requests")
+                                   "longer are stopped there, and counted); null: a trace's own max_tokens "
+                                   "column where it has one, else what the engine fills in, max_model_len - "
+                                   "prompt (for traces and synthetic lengths alike; written-out requests: "
+                                   "output_tokens)")
     trace: TraceSource | None = Field(None, description="replay a trace file; null: synthetic")
     prefix: Prefix | None = Field(None, description="shared prompt prefixes; null: every prompt unique")
     requests: list[InlineRequest] | None = Field(None, min_length=1, description="requests written out one by "

@@ -116,7 +116,7 @@ class SglangPolicy(Policy):
         "decodes run out of memory, RadixAttention prefix cache"
     )
     uses_token_budget = False
-    memory_model = "sglang"
+    kv_sizing = "sglang"  # sim/hardware/engine_memory.py sizes the pool
     engine_defaults_source = (
         "SGLang's own: chunked_prefill_size by GPU memory (8192 on H100/H200), max_running_requests "
         "from the KV pool and context length (about 4096 on an H200), pool by mem_fraction_static"

@@ -81,7 +81,7 @@ class TgiPolicy(Policy):
         "prefix cache, 429 past max_concurrent_requests"
     )
     uses_token_budget = False
-    memory_model = "tgi"
+    kv_sizing = "tgi"  # sim/hardware/engine_memory.py sizes the pool
     engine_defaults_source = (
         "TGI's own: no running cap but max_concurrent_requests (128), pool from the warm-up "
         "(free memory × 0.9 after weights and one max_batch_prefill_tokens prefill)"

@@ -59,6 +59,11 @@ def comparison_table(result):
         rows.insert(1, ("ended", _ended))
         rows.insert(2, ("backlog: queued / running / not arrived",
                         lambda s: "{queued} / {running} / {not_arrived}".format(**s["backlog"])))
+    if any(result.summaries[label].get("speculative") for label in result.labels):
+        rows.insert(rows.index(next(r for r in rows if r[0] == "E2E p50 / p99 (s)")) + 1,
+                    ("speculative: acceptance / mean length", _acceptance))
+        rows.insert(rows.index(next(r for r in rows if r[0] == "E2E p50 / p99 (s)")) + 2,
+                    ("speculative: tokens per verify step", lambda s: _spec(s, "tokens_per_step")))
     if slo is not None and any(getattr(slo, k) is not None for k in ("ttft_s", "tpot_s", "e2e_s")):
         said = {True: "yes", False: "NO", None: "-"}
         rows.append((f"meets SLO (p{slo.percentile:g}), whole run", lambda s: said[s["slo_met"]]))
@@ -82,6 +87,18 @@ def _steady_verdict(s: dict) -> str:
     if st.get("slo_met") is None:
         return "- (run too short)"
     return "yes" if st["slo_met"] else "NO"
+
+
+def _acceptance(s: dict) -> str:
+    spec = s.get("speculative")
+    if not spec:
+        return "-"
+    return f"{_pct(spec['acceptance_rate'])} / {_fmt(spec['mean_acceptance_length'])}"
+
+
+def _spec(s: dict, key: str) -> str:
+    spec = s.get("speculative")
+    return _fmt(spec[key]) if spec else "-"
 
 
 def _batch_vs_memory(s: dict) -> str:

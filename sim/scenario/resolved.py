@@ -58,13 +58,36 @@ class Deployment:
         from sim.scenario.batch_limits import sized_for
 
         cls = POLICIES.get(policy)
-        if cls is not None and cls.memory_model != "vllm" and self.scenario.engine.num_gpu_blocks is None:
+        if cls is not None and cls.kv_sizing in ("sglang", "tgi") and self.scenario.engine.num_gpu_blocks is None:
             return own_pool_limits(self, cls, knobs or {})
         scn = sized_for(self.scenario, self.gpu, policy, knobs)
+        if _kv_sizing(policy) == "trtllm":
+            return trtllm_limits(scn, self.model, self.gpu, knobs or {})
         if scn is self.scenario:
             return self.limits
         limits = engine_limits(scn, self.model, self.gpu)
         return self.limits if limits == self.limits else limits
+
+    def kv_sizing(self, policy: str, knobs: dict | None = None) -> str:
+        """How the policy's KV pool was sized, in words with the figures (the run's summary meta)."""
+        e = self.scenario.engine
+        if _kv_sizing(policy) == "trtllm":
+            from sim.hardware.trtllm_kv import trtllm_pool
+            from sim.scenario.batch_limits import sized_for
+
+            return trtllm_pool(sized_for(self.scenario, self.gpu, policy, knobs), self.model, self.gpu,
+                               knobs or {}).note
+        if e.num_gpu_blocks is not None:
+            return f"pinned: engine.num_gpu_blocks {e.num_gpu_blocks} of {e.block_size} tokens"
+        limits = self.limits_for(policy, knobs)
+        if _kv_sizing(policy) == "sglang":
+            return (f"SGLang: (memory × mem_fraction_static − weights) / KV bytes per token = "
+                    f"{limits.num_gpu_blocks * limits.block_size:,} tokens (sim/hardware/engine_memory.py)")
+        if _kv_sizing(policy) == "tgi":
+            return (f"TGI warm-up: (memory − weights − one prefill of max_batch_prefill_tokens) × 0.90 = "
+                    f"{limits.num_gpu_blocks * limits.block_size:,} tokens (sim/hardware/engine_memory.py)")
+        return (f"vLLM: (memory × gpu_memory_utilization {self.scenario.hardware.gpu_memory_utilization} − weights − "
+                f"profiling peak) = {limits.num_gpu_blocks:,} usable blocks of {limits.block_size}")
 
     def latency(self):
         """A fresh latency model for one replica (backends keep per-replica state such as warnings)."""
@@ -106,22 +129,42 @@ def own_pool_limits(dep: Deployment, cls, knobs: dict) -> EngineLimits:
     device = device_of(gpu, tp)
     merged = {k: knob.default for k, knob in cls.KNOBS.items()}
     merged.update(knobs)
-    if cls.memory_model == "sglang":
+    if cls.kv_sizing == "sglang":
         chunk = merged.get("chunked_prefill_size")
         if chunk is None:
             chunk = e.max_num_batched_tokens if e.max_num_batched_tokens is not None else sglang_chunk_default(device)
         tokens = sglang_pool_tokens(model, gpu, tp, ep, int(chunk), merged.get("mem_fraction_static"),
                                     e.max_model_len, int(merged.get("max_prefill_tokens") or 16384))
-    elif cls.memory_model == "tgi":
+    elif cls.kv_sizing == "tgi":
         tokens = tgi_pool_tokens(model, gpu, tp, ep, int(merged["max_batch_prefill_tokens"]), int(merged["block_size"]),
                                  e.max_model_len)
     else:
-        raise ValueError(f"no KV pool rule {cls.memory_model!r}")
+        raise ValueError(f"no KV pool rule {cls.kv_sizing!r}")
     unset = EngineLimits(block_size=e.block_size, num_gpu_blocks=max(tokens // e.block_size, 1),
                          num_cpu_blocks=dep.limits.num_cpu_blocks, max_num_seqs=e.max_num_seqs,
                          max_num_batched_tokens=e.max_num_batched_tokens, max_model_len=e.max_model_len,
                          device=device)
     return cls.resolve_limits(unset, merged)
+
+
+def _kv_sizing(policy: str) -> str:
+    from policies.registry import POLICIES
+
+    cls = POLICIES.get(policy)
+    return cls.kv_sizing if cls is not None else "vllm"
+
+
+def trtllm_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec, knobs: dict) -> EngineLimits:
+    """The engine section with the KV pool sized as TensorRT-LLM sizes it (sim/hardware/trtllm_kv.py):
+    blocks of ``tokens_per_block`` tokens, no CPU swap pool."""
+    from sim.hardware.trtllm_kv import trtllm_pool
+    from sim.scenario.batch_limits import device_of
+
+    pool = trtllm_pool(scn, model, gpu, knobs)
+    e = scn.engine
+    return EngineLimits(block_size=pool.tokens_per_block, num_gpu_blocks=pool.num_blocks, num_cpu_blocks=0,
+                        max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                        max_model_len=e.max_model_len, device=device_of(gpu, scn.hardware.tensor_parallel))
 
 
 def resolve(scn: Scenario) -> Deployment:

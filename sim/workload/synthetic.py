@@ -113,6 +113,10 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     w = scenario.workload
     if w.requests is not None:
         return _written_out(scenario)
+    if w.sessions is not None:
+        from sim.workload.sessions import build_sessions
+
+        return build_sessions(scenario)
     max_len = scenario.engine.max_model_len
     trace = None
     if w.trace is not None:
@@ -177,6 +181,15 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
             raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its "
                                 f"hash_ids already say which prompts share prefixes")
         trace_runs = trace.prompt_runs
+    sessions = None  # a csv trace's session_id and turn: each row's history runs (sim.workload.sessions)
+    if (replay or closed) and trace is not None and trace.session is not None:
+        if w.prefix is not None:
+            raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its sessions "
+                                f"already say which prompts share prefixes")
+        from sim.workload.sessions import trace_sessions
+
+        sess_l, turn_l = trace.session[rows].tolist(), trace.turn[rows].tolist()
+        sessions = trace_sessions(sess_l, turn_l, prompt.tolist(), output.tolist())
     groups = None
     if w.prefix is not None:
         groups = rng(scenario.seed, PREFIX).integers(0, w.prefix.num_groups, size=n).tolist()
@@ -192,6 +205,11 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     for i, src in enumerate(order.tolist()):
         rid = f"r{i:0{width}d}"
         p = p_l[i]
+        if sessions is not None:
+            runs, out_key = sessions[src]
+            specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs, out_key,
+                                     session=sess_l[src], turn=turn_l[src]))
+            continue
         if trace_runs is not None:
             runs = trace_runs[src]
         elif groups is not None:

@@ -13,7 +13,7 @@ with turn k's prompt *and* with what turn k generated, and the engines' prefix c
 block hashes, SGLang's and TGI's radix trees) hit on the history exactly as far as its KV is still
 held. Sessions with the same system prompt group share it too.
 
-Draws (each quantity its own random stream, :func:`sim.workload.synthetic.rng`): per session its
+Draws (each quantity its own random stream, :func:`sim.workload.draws.rng`): per session its
 turn count and system-prompt group; per turn (session-major) its new message, its answer and the
 think time before it. A turn whose prompt would not fit ``max_model_len − 1`` tokens ends its
 session there (the client's context is full); an answer is cut to the room left. Requests are
@@ -27,15 +27,14 @@ from __future__ import annotations
 import numpy as np
 
 from sim.workload.closed_loop import think_times
+from sim.workload.draws import rng, sample_lengths, synthetic_arrivals
 from sim.workload.request_spec import RequestSpec
 
-# random streams (sim.workload.synthetic uses 1-5, sim.workload.closed_loop 6)
+# random streams (sim.workload.draws uses 1-5, sim.workload.closed_loop 6)
 TURNS, NEW, ANSWER, TURN_THINK, SYSTEM = 7, 8, 9, 10, 11
 
 
 def build_sessions(scenario) -> list[RequestSpec]:
-    from sim.workload.synthetic import rng, sample_lengths, synthetic_arrivals
-
     w = scenario.workload
     ss, seed, max_len = w.sessions, scenario.seed, scenario.engine.max_model_len
     count = ss.count

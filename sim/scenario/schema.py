@@ -935,6 +935,15 @@ class Scenario(BaseModel):
         if self.workload.requests is not None:
             for key in ("arrival", "prompt_tokens", "output_tokens", "trace", "prefix"):
                 data["workload"].pop(key)
+        if self.workload.sessions is not None:  # unused beside sessions (and refused when given)
+            for key in ("num_requests", "prompt_tokens", "output_tokens", "max_tokens", "trace", "prefix"):
+                data["workload"].pop(key, None)
+        else:
+            data["workload"].pop("sessions", None)  # absent is the same scenario: saved files stay as they were
+        arrival = data["workload"].get("arrival")
+        if arrival is not None and arrival.get("process") != "closed":
+            for key in ("concurrency", "think_time_s", "ramp_s"):  # closed loop only, null here
+                arrival.pop(key, None)
         # files the scenario names, as absolute paths: a saved scenario.yaml re-runs from anywhere
         trace = data["workload"].get("trace")
         if trace and trace.get("path"):

@@ -267,3 +267,16 @@ def test_an_slo_met_at_any_concurrency_is_said_so():
     scn["engine"]["max_num_seqs"] = 2
     with pytest.raises(CbsimError, match="met at every concurrency up to 16 clients"):
         capacity(scn)
+
+
+def test_results_written_before_the_client_columns_still_load(tmp_path):
+    from sim.results import RunResult
+
+    res = run(scenario(2, n=6))
+    folder = tmp_path / "old"
+    res.save(folder)
+    frame = pd.read_parquet(folder / "requests.parquet")
+    assert frame["client"].tolist() == [0, 1] * 3 and (frame["session"] == -1).all()
+    frame.drop(columns=["client", "session", "turn"]).to_parquet(folder / "requests.parquet")
+    back = RunResult.load(folder).requests
+    assert (back[["client", "session", "turn"]] == -1).all().all()

@@ -47,7 +47,8 @@ def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int = 1, ep: int = 1) 
     if model.is_moe:
         width = model.expert_width_per_rank(tp, ep)
         widest = max(widest, model.num_experts_per_tok * (3 * width + h),
-                     3 * -(-model.shared_expert_intermediate_size // tp))
+                     3 * -(-model.shared_expert_intermediate_size // tp),
+                     3 * -(-model.intermediate_size // tp) if model.first_k_dense_layers else 0)
     else:
         widest = max(widest, 3 * -(-model.intermediate_size // tp))
     return tokens * (2 * h + widest) * model.dtype_bytes

@@ -18,7 +18,12 @@ Operators of one step on ONE GPU (shapes from :meth:`ModelSpec.dense_linears` an
 - the LM head, for one row per sequence (vLLM computes logits only where it samples);
 - prefill attention (``4·heads·head_dim`` FLOPs per query-key pair per layer; KV of the context
   read) and decode attention (the same per pair; every cached key read), sliding-window layers
-  reading at most their window; the step's new K and V written;
+  reading at most their window; the step's new K and V written. Multi-head latent attention
+  (:mod:`sim.hardware.models`, DeepSeek/Kimi): prefill is multi-head over up-projected keys
+  (``2·(qk_nope + qk_rope + v)`` per head per pair) after ``kv_b_proj`` up-projects the cached
+  prefix it attends to (a GEMM of ``prefix`` rows, at the linear layers' rate); decode is the
+  absorbed multi-query form over the latent (``2·(2·kv_lora_rank + qk_rope)`` per head per pair)
+  reading ``kv_lora_rank + qk_rope_head_dim`` elements per cached token and layer;
 - element-wise work (norms, rotary, activation function, residual adds): memory-bound, four
   ``hidden``-wide reads and writes per token per layer;
 - communication (not overlapped with compute, as in vLLM's default): with tensor parallelism two
@@ -83,6 +88,8 @@ class RooflineLatency(LatencyModel):
         self._expert_act_per_row = float(sum((op.n + op.k) * a * op.layers for op in experts))
         self._local_experts = model.experts_per_rank(expert_parallel)
         self._attn_pair_flops = model.attention_flops_per_pair(tp)
+        self._decode_pair_flops = model.decode_attention_flops_per_pair(tp)
+        self._context_up_flops = model.mla_context_flops_per_key(tp)  # MLA prefill: kv_b_proj per cached key
         self._kv_layer = float(model.kv_layer_bytes_per_token(tp))
         self._sliding = model.num_sliding_layers
         self._window = model.sliding_window
@@ -112,7 +119,7 @@ class RooflineLatency(LatencyModel):
         the per-sequence ones (the LM head runs once per real sequence)."""
         if not shape.padding_tokens:
             return flops
-        return flops - self._row_flops() * shape.padding_tokens - self._attn_pair_flops * shape.padding_ctx
+        return flops - self._row_flops() * shape.padding_tokens - self._decode_pair_flops * shape.padding_ctx
 
     def recompute_flops(self, tokens: int, pairs: float) -> float:
         """FLOPs of recomputed tokens as :meth:`breakdown` charged them (per-token operators, experts
@@ -169,8 +176,14 @@ class RooflineLatency(LatencyModel):
             flops += of
             bytes_ += ob
             kv_write = 0.0
+            if self._context_up_flops:
+                prefix = shape.kv_tokens_read - shape.decode_ctx - shape.prefill_tokens
+                if prefix > 0:
+                    of = self._context_up_flops * prefix
+                    t += of / self.linear_rate
+                    flops += of
         if shape.decode_ctx:
-            of, ob = self._attn_pair_flops * shape.decode_ctx * dec_keys[1], dec_keys[0] + kv_write
+            of, ob = self._decode_pair_flops * shape.decode_ctx * dec_keys[1], dec_keys[0] + kv_write
             t += max(of / cr, ob / mr)
             flops += of
             bytes_ += ob
@@ -228,7 +241,7 @@ class RooflineLatency(LatencyModel):
         fixed_t += ew / mr
         fixed_b += ew
         d = context + b * np.arange(1, k + 1, dtype=np.float64)
-        af = self._attn_pair_flops * d
+        af = self._decode_pair_flops * d
         ab = self._kv_layer * self.model.num_layers * d + self._kv_write_per_token * b
         comm = self._ar_fixed + self._ar_per_token * b + self._a2a_fixed + self._a2a_per_token * b
         seconds = fixed_t + np.maximum(af / cr, ab / mr) + comm + self.overhead_s

@@ -354,7 +354,7 @@ class ModelSpec:
         """The GEMMs every token passes through (attention projections, a dense or shared-expert
         MLP, the router), then the LM head, with their TP-sharded shapes. Routed experts are not
         here: what they cost depends on how many the step's tokens hit (:meth:`expert_linears`)."""
-        h, w, L = self.hidden_size, self.linear_weight_bytes, self.num_layers
+        h, w = self.hidden_size, self.linear_weight_bytes
         ops = self.attention_linears(tp)
         if self.dense_mlp_layers:
             inter = _ceil_div(self.intermediate_size, tp)

@@ -209,3 +209,22 @@ def test_mla_fields_without_a_latent_are_one_error():
         get_model({"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 100,
                    "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
                    "expert_quantization": "nf4"})
+
+
+def test_every_config_left_out_says_why():
+    """``cbsim models --all``: a local config.json cbsim cannot price names its architecture's reason
+    (hf_config.UNSUPPORTED) or the quantization it does not price; none fails another way."""
+    from sim.hardware.hf_config import UNSUPPORTED
+    from sim.hardware.model_sources import available_models
+
+    reasons = {}
+    for src in available_models():
+        try:
+            from_hf_config(src.path, name=src.name)
+        except CbsimError as exc:
+            msg = str(exc)
+            assert any(f"'{arch}' is not one cbsim can price: {why}" in msg for arch, why in UNSUPPORTED.items()) \
+                or "quantization_config" in msg, msg
+            reasons[src.name] = msg
+    names = {s.name for s in available_models()}
+    assert {"deepseek-ai/DeepSeek-V3", "openai/gpt-oss-120b", "moonshotai/Kimi-K2.5"} <= names - set(reasons)

@@ -88,7 +88,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
-                     horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
+                     horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED, lockstep=dep.lockstep)
     recorder = sim.run()
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()

@@ -228,3 +228,21 @@ def test_every_config_left_out_says_why():
             reasons[src.name] = msg
     names = {s.name for s in available_models()}
     assert {"deepseek-ai/DeepSeek-V3", "openai/gpt-oss-120b", "moonshotai/Kimi-K2.5"} <= names - set(reasons)
+
+
+def test_dp_without_ep_splits_each_expert_over_tp_times_dp_gpus():
+    """vLLM's MoE layers form one tp × dp tensor-parallel group when attention is data-parallel and
+    expert parallelism is off: DeepSeek-V3 on 8 GPUs as DP 8 holds one eighth of every expert (and
+    the whole attention), so it fits where a replicated MoE would not."""
+    m = shipped(DSV3)
+    experts = sum(op.weight_bytes_total for op in m.expert_linears(1, 1, moe_tp=8)) * m.num_experts
+    assert experts == sum(op.weight_bytes_total for op in m.expert_linears(8)) * m.num_experts
+    whole = sum(op.weight_bytes_total for op in m.expert_linears(1)) * m.num_experts
+    assert m.weight_bytes(1) - m.weight_bytes(1, 1, moe_tp=8) == whole - experts  # only the experts are split
+    from sim.scenario.resolved import resolve
+    from sim.scenario.schema import load_scenario
+
+    dep = resolve(load_scenario({"model": DSV3, "hardware": {"gpu": "h200", "data_parallel": 8},
+                                 "engine": {"max_model_len": 4096},
+                                 "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}}))
+    assert dep.lockstep == 8 and dep.limits.num_gpu_blocks > 0

@@ -71,7 +71,7 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int
     util = hardware_cfg.gpu_memory_utilization
     reserve = reserve_bytes(model, hardware_cfg, tp, max_num_batched_tokens, max_num_seqs)
     budget = gpu.memory_bytes * util
-    weights = model.weight_bytes(tp, expert_parallel(hardware_cfg))
+    weights = model.weight_bytes(tp, expert_parallel(hardware_cfg), moe_tensor_parallel(hardware_cfg))
     per_block = block_bytes(model, block_size, tp, max_model_len)
     available = budget - weights - reserve
     if available < per_block:
@@ -91,6 +91,12 @@ def expert_parallel(hardware_cfg) -> int:
     """Expert-parallel GPUs: tensor × data parallel with ``hardware.expert_parallel``, else 1."""
     if not getattr(hardware_cfg, "expert_parallel", False):
         return 1
+    return getattr(hardware_cfg, "tensor_parallel", 1) * getattr(hardware_cfg, "data_parallel", 1)
+
+
+def moe_tensor_parallel(hardware_cfg) -> int:
+    """GPUs one expert's width is split over without expert parallelism: tensor × data parallel (vLLM's
+    MoE layers form one ``tp × dp`` group when the attention is data-parallel)."""
     return getattr(hardware_cfg, "tensor_parallel", 1) * getattr(hardware_cfg, "data_parallel", 1)
 
 

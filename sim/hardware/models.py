@@ -345,9 +345,13 @@ class ModelSpec:
     def experts_per_rank(self, ep: int = 1) -> int:
         return self.num_experts // ep if ep > 1 else self.num_experts
 
-    def expert_width_per_rank(self, tp: int = 1, ep: int = 1) -> int:
-        """One expert's intermediate width on one GPU: whole under expert parallelism, else /tp."""
-        return self.moe_intermediate_size if ep > 1 else _ceil_div(self.moe_intermediate_size, tp)
+    def expert_width_per_rank(self, tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> int:
+        """One expert's intermediate width on one GPU: whole under expert parallelism, else split over
+        the MoE's tensor-parallel group (``moe_tp``; default ``tp``. With data-parallel attention and
+        no expert parallelism vLLM's MoE layers form one ``tp × dp`` group: docs/serving/
+        data_parallel_deployment.md, "The expert layers will by default form a (DP x TP) sized
+        tensor parallel group")."""
+        return self.moe_intermediate_size if ep > 1 else _ceil_div(self.moe_intermediate_size, moe_tp or tp)
 
     # --- operators (per GPU) ------------------------------------------------------------------
     def dense_linears(self, tp: int = 1) -> list[Linear]:
@@ -401,12 +405,12 @@ class ModelSpec:
         width = self.heads_per_rank(tp) * (self.qk_nope_head_dim + self.v_head_dim)
         return 2.0 * width * self.kv_lora_rank * self.num_layers
 
-    def expert_linears(self, tp: int = 1, ep: int = 1) -> list[Linear]:
+    def expert_linears(self, tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> list[Linear]:
         """ONE routed expert's GEMMs on one GPU (``layers`` = every MoE layer)."""
         if not self.is_moe:
             return []
         h, w, m = self.hidden_size, self.expert_weight_bytes, self.moe_layers
-        inter = self.expert_width_per_rank(tp, ep)
+        inter = self.expert_width_per_rank(tp, ep, moe_tp)
         return [Linear("expert.gate_up_proj", 2 * inter, h, w, m), Linear("expert.down_proj", h, inter, w, m)]
 
     def _vocab_rows(self, tp: int) -> int:
@@ -414,7 +418,7 @@ class ModelSpec:
         return _ceil_div(padded_vocab, tp)
 
     # --- memory -------------------------------------------------------------------------------
-    def weight_bytes(self, tp: int = 1, ep: int = 1) -> int:
+    def weight_bytes(self, tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> int:
         """Bytes of weights on ONE GPU of a ``tp``-way tensor-parallel group (experts split over
         ``ep`` expert-parallel GPUs when ``ep`` > 1).
 
@@ -426,7 +430,7 @@ class ModelSpec:
         self.check_ep(ep)
         h = self.hidden_size
         linears = sum(op.weight_bytes_total for op in self.dense_linears(tp) if op.per == "token")
-        experts = self.experts_per_rank(ep) * sum(op.weight_bytes_total for op in self.expert_linears(tp, ep))
+        experts = self.experts_per_rank(ep) * sum(op.weight_bytes_total for op in self.expert_linears(tp, ep, moe_tp))
         vocab_rows = self._vocab_rows(tp)
         embeddings = vocab_rows * h * (1 if self.tied_embeddings else 2) * self.dtype_bytes
         norms = ((2 * h + self._extra_norm_params()) * self.num_layers + h) * self.dtype_bytes

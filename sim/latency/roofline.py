@@ -82,7 +82,7 @@ class RooflineLatency(LatencyModel):
             rate = self.linear_rate if op.weight_bytes < a else self.compute_rate
             self._linears.append((2.0 * op.n * op.k * op.layers, float(op.weight_bytes_total),
                                   float((op.n + op.k) * a * op.layers), rate, op.per == "sequence"))
-        experts = model.expert_linears(tp, expert_parallel)
+        experts = model.expert_linears(tp, expert_parallel, tp * data_parallel)
         self._expert_flops_per_row = 2.0 * sum(op.n * op.k * op.layers for op in experts)
         self._expert_bytes = float(sum(op.weight_bytes_total for op in experts))  # one expert, all layers
         self._expert_act_per_row = float(sum((op.n + op.k) * a * op.layers for op in experts))
@@ -101,8 +101,9 @@ class RooflineLatency(LatencyModel):
         # two all-reduces per layer: latency + 2(p-1)/p * bytes / link
         self._ar_fixed = 2 * model.num_layers * lat if tp > 1 else 0.0
         self._ar_per_token = 2 * 2 * (tp - 1) / tp * row / link if tp > 1 else 0.0
-        # DP attention + EP: all-gather before and reduce-scatter after the experts, over dp ranks
-        moe_dp = model.is_moe and expert_parallel > 1 and data_parallel > 1
+        # DP attention (EP or one tp x dp MoE group): all-gather before and reduce-scatter after the
+        # experts, over dp ranks
+        moe_dp = model.is_moe and data_parallel > 1
         self._a2a_fixed = 2 * model.num_layers * lat if moe_dp else 0.0
         self._a2a_per_token = 2 * (data_parallel - 1) * row / link if moe_dp else 0.0
         if self._sliding:
@@ -193,7 +194,7 @@ class RooflineLatency(LatencyModel):
     def _experts(self, n: float) -> tuple[float, float]:
         """FLOPs and bytes of the routed experts on this GPU for ``n`` tokens of this rank."""
         m = self.model
-        tokens = n * self.dp if self.ep > 1 else n  # EP: every DP rank's tokens reach the experts
+        tokens = n * self.dp  # DP attention: every rank's tokens reach the experts (EP or one tp x dp group)
         rows = tokens * m.num_experts_per_tok * self._local_experts / m.num_experts
         active = self._local_experts * (expected_active_experts(m.num_experts, m.num_experts_per_tok, tokens)
                                         / m.num_experts)

@@ -246,3 +246,23 @@ def test_dp_without_ep_splits_each_expert_over_tp_times_dp_gpus():
                                  "engine": {"max_model_len": 4096},
                                  "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}}))
     assert dep.lockstep == 8 and dep.limits.num_gpu_blocks > 0
+
+
+def test_an_inline_mla_moe_spec_in_a_scenario():
+    from sim.hardware.models import get_model
+    from sim.scenario.schema import load_scenario
+
+    scn = load_scenario({"model": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1024,
+                                   "vocab_size": 1000, "kv_lora_rank": 64, "qk_rope_head_dim": 16,
+                                   "qk_nope_head_dim": 32, "v_head_dim": 32, "num_experts": 8,
+                                   "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+                                   "first_k_dense_layers": 1, "expert_quantization": "mxfp4"},
+                         "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})
+    m = get_model(scn.model)
+    assert m.kv_layer_bytes_per_token() == (64 + 16) * 2 and m.moe_layers == 3
+    from sim.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="model: .*need kv_lora_rank > 0"):
+        load_scenario({"model": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1024,
+                                 "vocab_size": 1000, "v_head_dim": 32},
+                       "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})

@@ -146,6 +146,7 @@ def test_org_name_resolves_from_the_hf_cache_only(tmp_path, monkeypatch):
     shutil.copy(cfg("qwen3-30b-a3b"), snap / "config.json")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(model_sources, "aiconfigurator_configs_dir", lambda: None)
+    monkeypatch.setattr(model_sources, "SHIPPED_DIR", tmp_path / "no-shipped-copies")
     spec = get_model("acme/Tiny-MoE")
     assert spec.name == "acme/Tiny-MoE" and spec.num_experts == 128
     assert [s.name for s in model_sources.available_models()] == ["acme/Tiny-MoE"]

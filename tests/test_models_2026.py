@@ -266,3 +266,16 @@ def test_an_inline_mla_moe_spec_in_a_scenario():
         load_scenario({"model": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1024,
                                  "vocab_size": 1000, "v_head_dim": 32},
                        "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})
+
+
+def test_the_shipped_copies_resolve_without_aiconfigurator_or_a_cache(tmp_path, monkeypatch):
+    from sim.hardware import model_sources
+    from sim.hardware.models import get_model
+
+    monkeypatch.setattr(model_sources, "aiconfigurator_configs_dir", lambda: None)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    assert model_sources.find_config(DSV3).origin == "cbsim"
+    assert get_model("openai/gpt-oss-20b").num_experts == 32
+    assert {s.name for s in model_sources.available_models()} == {
+        "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct", "moonshotai/Kimi-K2.5",
+        "openai/gpt-oss-20b", "openai/gpt-oss-120b"}

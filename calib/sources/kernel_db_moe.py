@@ -41,10 +41,6 @@ from typing import Any
 from calib.sources.kernel_db import KernelDb, ModelSource
 from sim.errors import CbsimError
 
-MTP_REFUSAL = ("multi-token prediction (MTP) layers are a speculative-decoding draft; cbsim does not simulate "
-               "speculative decoding yet, so MTP tables and corpus rows with MTP are refused")
-
-
 @dataclass(frozen=True)
 class Layout:
     """One replica's parallel layout, in the scenario's words: ``tensor_parallel`` attention GPUs per

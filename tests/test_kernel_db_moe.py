@@ -154,3 +154,16 @@ def test_cli_composes_a_wide_ep_table_and_says_its_layout(tmp_path):
     assert "mla_block" in meta["provenance"]["modelled"]
     res = CliRunner().invoke(app, ["calibrate", "--data-parallel", "2", "--model", "tiny", "--out", str(tmp_path / "x")])
     assert "--data-parallel and --expert-parallel go with --from-kernel-db" in str(res.exception)
+
+
+def test_layouts_a_model_cannot_have_are_one_error():
+    _require_aic()
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import Layout, MoeKernelDb
+
+    with pytest.raises(CbsimError, match="--expert-parallel needs a mixture-of-experts model"):
+        MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(1, 2, True))
+    with pytest.raises(CbsimError, match="data-parallel ranks of a dense model .* are independent engines"):
+        MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(1, 2, False))
+    with pytest.raises(CbsimError, match="do not divide its 256 experts"):
+        MoeKernelDb(resolve_model(DSV3), "h200", Layout(1, 3, True))

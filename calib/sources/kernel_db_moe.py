@@ -41,6 +41,7 @@ from typing import Any
 from calib.sources.kernel_db import KernelDb, ModelSource
 from sim.errors import CbsimError
 
+
 @dataclass(frozen=True)
 class Layout:
     """One replica's parallel layout, in the scenario's words: ``tensor_parallel`` attention GPUs per
@@ -98,6 +99,10 @@ class MoeKernelDb(KernelDb):
         spec = model.spec
         if layout.expert_parallel and not spec.is_moe:
             raise CbsimError(f"--expert-parallel needs a mixture-of-experts model; {spec.name!r} has no experts")
+        if layout.data_parallel > 1 and not spec.is_moe:
+            raise CbsimError(f"--data-parallel: the data-parallel ranks of a dense model ({spec.name!r}) are "
+                             f"independent engines; make the table at --tp {layout.tensor_parallel} without "
+                             f"--data-parallel (the scenario's hardware.data_parallel then runs one per rank)")
         spec.check_ep(layout.moe_ep)
         self.layout = layout
         super().__init__(model, gpu, tp=layout.tensor_parallel, dtype=dtype, engine=engine,

@@ -8,10 +8,13 @@ over ``max_num_batched_tokens`` tokens), and divides the rest by the bytes of on
     num_gpu_blocks = (memory × gpu_memory_utilization − weights − activation reserve)
                      // (block_size × 2 × kv_heads_per_rank × head_dim × kv_dtype_bytes × layers)
 
+(MLA models, DeepSeek/Kimi: ``block_size × (kv_lora_rank + qk_rope_head_dim) × kv_dtype_bytes ×
+layers``, one latent per token on every rank: vLLM's ``MLAAttentionSpec``.)
 ``memory`` is what the device reports (:mod:`sim.hardware.gpus`), ``kv_dtype_bytes`` follows
 ``engine.kv_cache_dtype``, sliding-window layers are charged at most their window of a
 ``max_model_len`` request (:meth:`ModelSpec.kv_capacity_bytes_per_token`), and with expert
-parallelism each GPU holds ``num_experts / ep`` experts.
+parallelism each GPU holds ``num_experts / ep`` experts (without it, with data-parallel
+attention, each expert's width is split over tensor × data parallel GPUs).
 
 Everything is per GPU: with tensor parallelism each GPU holds its shard of the weights and of
 the KV heads, and every GPU holds the same number of blocks (one block = block_size tokens).

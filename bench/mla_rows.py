@@ -10,9 +10,8 @@ median |error| of TTFT and TPOT per group (engine, model family, layout).
 Mapping, as the rows run them: ``tp_size`` attention GPUs per data-parallel rank, ``attention_dp_size``
 ranks (stepping in lockstep), experts expert-parallel when ``moe_ep_size`` > 1 (then ``moe_ep_size``
 must be tp × dp) else tensor-parallel over tp × dp. Rows whose layout maps to neither (``tp_size``
-64 with 8 GPUs of experts) are skipped with the reason. Policies: SGLang rows run cbsim's ``sglang``
-policy, vLLM rows ``vllm-v1``; TensorRT-LLM has no policy of its own in cbsim, its rows run
-``vllm-v1`` (both are chunked-prefill in-flight batchers), said in the output. KV cache in the
+64 with 8 GPUs of experts) are skipped with the reason. Policies: each engine's own (``sglang``,
+``vllm-v1``, ``trtllm``). KV cache in the
 model's dtype (bf16), FlashMLA's 64-token blocks. gpt-oss rows say ``nvfp4`` in the corpus; the
 checkpoint is served as shipped (MXFP4 experts).
 
@@ -34,7 +33,7 @@ from pathlib import Path
 
 MODELS = {"deepseek-ai/DeepSeek-V3": "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-V3",
           "openai/gpt-oss-120b": "openai/gpt-oss-120b"}  # R1 has V3's shapes: one table serves both
-POLICY = {"sglang": "sglang", "vllm": "vllm-v1", "trtllm": "vllm-v1"}
+POLICY = {"sglang": "sglang", "vllm": "vllm-v1", "trtllm": "trtllm"}
 
 
 def corpus_rows(system: str = "h200_sxm"):
@@ -152,8 +151,6 @@ def main(argv=None) -> int:
         mt = statistics.median(abs(a) for a, _ in errs)
         mp = statistics.median(abs(b) for _, b in errs)
         print(f"  {group:45s} TTFT {mt:6.1%}  TPOT {mp:6.1%}  ({len(errs)})")
-    if any(r["backend"] == "trtllm" for r in corpus_rows()):
-        print("note: TensorRT-LLM rows run cbsim's vllm-v1 policy (no TRT-LLM scheduler in cbsim)")
     return 0
 
 

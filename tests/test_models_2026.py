@@ -279,3 +279,31 @@ def test_the_shipped_copies_resolve_without_aiconfigurator_or_a_cache(tmp_path, 
     assert {s.name for s in model_sources.available_models()} == {
         "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct", "moonshotai/Kimi-K2.5",
         "openai/gpt-oss-20b", "openai/gpt-oss-120b"}
+
+
+def _spec_scenario(model, method="mtp"):
+    from sim.scenario.schema import load_scenario
+
+    return load_scenario({"model": model, "hardware": {"gpu": "h200", "tensor_parallel": 8},
+                          "engine": {"max_model_len": 4096},
+                          "workload": {"num_requests": 8, "arrival": {"rate": 4.0},
+                                       "prompt_tokens": {"dist": "fixed", "value": 512},
+                                       "output_tokens": {"dist": "fixed", "value": 32}},
+                          "policies": [{"name": "vllm-v1", "speculative": {
+                              "method": method, "num_speculative_tokens": 1, "acceptance": {"rate": 0.8}}}]})
+
+
+def test_deepseek_mtp_drafts_with_its_own_moe_layer_and_kimi_k2_has_none():
+    """DeepSeek-V3's MTP module is one more MLA + MoE layer; Kimi-K2 ships none (num_nextn_predict_layers
+    0), so method mtp on it is one error."""
+    from sim import run
+    from sim.speculative.draft_cost import draft_spec
+
+    head = draft_spec("mtp", shipped(DSV3))
+    assert head.num_layers == 1 and head.is_mla and head.moe_layers == 1 and head.first_k_dense_layers == 0
+    eagle = draft_spec("eagle", shipped("openai/gpt-oss-120b"))
+    assert not eagle.is_moe and eagle.expert_quantization is None
+    summary = run(_spec_scenario(DSV3)).summaries["vllm-v1"]
+    assert summary["requests_finished"] == 8
+    with pytest.raises(CbsimError, match="ships no multi-token-prediction layer"):
+        run(_spec_scenario("moonshotai/Kimi-K2-Instruct"))

@@ -47,7 +47,7 @@ def models_cmd(
             spec.first_k_dense_layers and f"first {spec.first_k_dense_layers} layer(s) dense",
             f"window {spec.sliding_window} on {spec.num_sliding_layers} layers" if spec.sliding_window else None,
             spec.attention_sinks and "sinks",
-            spec.mtp_layers and f"{spec.mtp_layers} MTP layer(s) not loaded (speculative decoding)") if x)
+            spec.mtp_layers and f"{spec.mtp_layers} MTP layer(s): a draft for speculative.method mtp") if x)
         t.add_row(src.name, src.origin, str(spec.num_layers), f"{spec.num_params() / 1e9:.2f}B", experts, notes)
     console.print(t)
     if all_:

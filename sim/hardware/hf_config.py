@@ -66,7 +66,7 @@ UNSUPPORTED = {
                             "kernels; not modelled",
     "MiniMaxM3ForCausalLM": "MiniMax-M3's hybrid attention is not modelled",
     "MiniMaxM3SparseForConditionalGeneration": "sparse attention and a vision encoder are not modelled",
-    "MiMoForCausalLM": "MiMo's multi-token-prediction layers wait for speculative decoding",
+    "MiMoForCausalLM": "MiMo's config (a Qwen2-style decoder with its own MTP-layer fields) is not read yet",
     "MiMoV2FlashForCausalLM": "hybrid sliding-window attention with attention sinks on an MoE of its own "
                               "layout is not modelled",
     "Step3p7FlashForCausalLM": "Step-3.7's attention layout is not modelled",

@@ -64,9 +64,10 @@ checkpoints (DeepSeek: ``weight_block_size`` [128, 128]) keep one fp32 scale per
 Attention sinks (gpt-oss): one learned logit per head added to every softmax's denominator: one
 parameter per head and layer, no KV, no extra query-key pairs worth counting; recorded, priced as
 zero. Multi-token-prediction layers (``num_nextn_predict_layers``) are recorded as ``mtp_layers``
-but neither loaded nor priced: the engines load them only as a speculative-decoding draft (vLLM's
-DeepseekV2 ``load_weights`` skips ``model.layers.{num_hidden_layers}+`` without
-``--speculative-config``), and cbsim refuses MTP until speculative decoding lands.
+and not part of the target model: the engines load them only as a speculative-decoding draft
+(vLLM's DeepseekV2 ``load_weights`` skips ``model.layers.{num_hidden_layers}+`` without
+``--speculative-config``). A policy entry's ``speculative: {method: mtp}`` prices that layer as
+the drafter (:mod:`sim.speculative.draft_cost`), and is refused for a model that ships none.
 """
 
 from __future__ import annotations

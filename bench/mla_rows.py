@@ -31,8 +31,11 @@ import tempfile
 import warnings
 from pathlib import Path
 
-MODELS = {"deepseek-ai/DeepSeek-V3": "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-V3",
-          "openai/gpt-oss-120b": "openai/gpt-oss-120b"}  # R1 has V3's shapes: one table serves both
+MODELS = {
+    "deepseek-ai/DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
+    "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-V3",
+    "openai/gpt-oss-120b": "openai/gpt-oss-120b",
+}  # R1 has V3's shapes: one table serves both
 POLICY = {"sglang": "sglang", "vllm": "vllm-v1", "trtllm": "trtllm"}
 
 
@@ -47,9 +50,18 @@ def corpus_rows(system: str = "h200_sxm"):
                 continue
             m = re.search(r"silicon_concurrency=(\d+)", row["silicon_data_source"])
             row["concurrency"] = int(m.group(1)) if m else int(row["batch_size"])
-            key = (MODELS[row["model_path"]], row["backend"], row["backend_version"], row["isl"], row["osl"],
-                   row["tp_size"], row["attention_dp_size"], row["moe_tp_size"], row["moe_ep_size"],
-                   row["concurrency"])
+            key = (
+                MODELS[row["model_path"]],
+                row["backend"],
+                row["backend_version"],
+                row["isl"],
+                row["osl"],
+                row["tp_size"],
+                row["attention_dp_size"],
+                row["moe_tp_size"],
+                row["moe_ep_size"],
+                row["concurrency"],
+            )
             if key in seen:  # R1 and V3 rows of the same configuration measure the same shapes
                 continue
             seen.add(key)
@@ -73,8 +85,16 @@ def table_for(cache: dict, out: Path, model: str, engine: str, layout, max_len: 
 
     key = (model, engine, layout)
     if key not in cache:
-        comp = kernel_db_moe.build_table(model, "h200", kernel_db_moe.Layout(*layout), engine=engine, block_size=64,
-                                         max_num_batched_tokens=16384, max_model_len=max_len, max_num_seqs=max_seqs)
+        comp = kernel_db_moe.build_table(
+            model,
+            "h200",
+            kernel_db_moe.Layout(*layout),
+            engine=engine,
+            block_size=64,
+            max_num_batched_tokens=16384,
+            max_model_len=max_len,
+            max_num_seqs=max_seqs,
+        )
         folder = out / f"{model.replace('/', '--')}-{engine}-tp{layout[0]}-dp{layout[1]}-ep{int(layout[2])}"
         write_table(folder, comp.table)
         cache[key] = folder
@@ -87,16 +107,27 @@ def predict(row, table: Path, layout) -> tuple[float, float]:
 
     tp, dp, ep = layout
     c, isl, osl = row["concurrency"], int(row["isl"]), int(row["osl"])
-    scn = load_scenario({
-        "model": MODELS[row["model_path"]],
-        "hardware": {"gpu": "h200", "tensor_parallel": tp, "data_parallel": dp, "expert_parallel": ep,
-                     "gpu_memory_utilization": 0.9},
-        "engine": {"block_size": 64, "max_model_len": isl + osl + 64},
-        "latency": {"backend": "table", "path": str(table)},
-        "workload": {"num_requests": max(3 * c, 12), "arrival": {"process": "closed", "concurrency": c},
-                     "prompt_tokens": {"dist": "fixed", "value": isl}, "output_tokens": {"dist": "fixed", "value": osl}},
-        "policies": [{"name": POLICY[row["backend"]]}],
-    })
+    scn = load_scenario(
+        {
+            "model": MODELS[row["model_path"]],
+            "hardware": {
+                "gpu": "h200",
+                "tensor_parallel": tp,
+                "data_parallel": dp,
+                "expert_parallel": ep,
+                "gpu_memory_utilization": 0.9,
+            },
+            "engine": {"block_size": 64, "max_model_len": isl + osl + 64},
+            "latency": {"backend": "table", "path": str(table)},
+            "workload": {
+                "num_requests": max(3 * c, 12),
+                "arrival": {"process": "closed", "concurrency": c},
+                "prompt_tokens": {"dist": "fixed", "value": isl},
+                "output_tokens": {"dist": "fixed", "value": osl},
+            },
+            "policies": [{"name": POLICY[row["backend"]]}],
+        }
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         summary = next(iter(run(scn).summaries.values()))
@@ -119,22 +150,35 @@ def main(argv=None) -> int:
     groups: dict[str, list[tuple[float, float]]] = {}
     n = 0
     for row in corpus_rows():
-        if args.engine and row["backend"] != args.engine or args.model and args.model not in row["model_path"]:
+        if (
+            args.engine
+            and row["backend"] != args.engine
+            or args.model
+            and args.model not in row["model_path"]
+        ):
             continue
         if args.limit is not None and n >= args.limit:
             break
         layout = layout_of(row)
-        label = (f"{row['backend']} {row['backend_version'] or 'current'} {row['model_path'].split('/')[1]} "
-                 f"{row['isl']}/{row['osl']} tp{row['tp_size']} dp{row['attention_dp_size']} "
-                 f"ep{row['moe_ep_size']} c{row['concurrency']}")
+        label = (
+            f"{row['backend']} {row['backend_version'] or 'current'} {row['model_path'].split('/')[1]} "
+            f"{row['isl']}/{row['osl']} tp{row['tp_size']} dp{row['attention_dp_size']} "
+            f"ep{row['moe_ep_size']} c{row['concurrency']}"
+        )
         if isinstance(layout, str):
             print(f"skip  {label}: {layout}")
             continue
         n += 1
         try:
-            table = table_for(cache, out, MODELS[row["model_path"]], row["backend"], layout,
-                              max_len=max(8192, int(row["isl"]) + int(row["osl"]) + 64),
-                              max_seqs=max(64, 2 * row["concurrency"]))
+            table = table_for(
+                cache,
+                out,
+                MODELS[row["model_path"]],
+                row["backend"],
+                layout,
+                max_len=max(8192, int(row["isl"]) + int(row["osl"]) + 64),
+                max_seqs=max(64, 2 * row["concurrency"]),
+            )
             ttft, tpot = predict(row, table, layout)
         except Exception as exc:  # one row's failure is reported, the rest still run
             print(f"error {label}: {exc}")
@@ -144,8 +188,11 @@ def main(argv=None) -> int:
         family = "DeepSeek-V3/R1" if "DeepSeek" in row["model_path"] else row["model_path"].split("/")[1]
         group = f"{row['backend']} {family} tp{layout[0]} dp{layout[1]} {'ep' if layout[2] else 'moe-tp'}"
         groups.setdefault(group, []).append((e_ttft, e_tpot))
-        print(f"row   {label}: TTFT {ttft:8.1f} vs {real_ttft:8.1f} ms ({e_ttft:+.0%}), "
-              f"TPOT {tpot:6.2f} vs {real_tpot:6.2f} ms ({e_tpot:+.0%})", flush=True)
+        print(
+            f"row   {label}: TTFT {ttft:8.1f} vs {real_ttft:8.1f} ms ({e_ttft:+.0%}), "
+            f"TPOT {tpot:6.2f} vs {real_tpot:6.2f} ms ({e_tpot:+.0%})",
+            flush=True,
+        )
     print("\nper group: median |TTFT error|, median |TPOT error| (rows)")
     for group, errs in sorted(groups.items()):
         mt = statistics.median(abs(a) for a, _ in errs)

@@ -30,15 +30,23 @@ def _require_aic():
 def _grids():
     from calib.sources.kernel_db import Grids
 
-    return Grids(tokens=(1, 64, 512, 1024), sequences=(1, 8, 64), chunk_tokens=(64, 1024), context=(0, 1024),
-                 batch=(1, 8, 64), mean_context=(1, 1024))
+    return Grids(
+        tokens=(1, 64, 512, 1024),
+        sequences=(1, 8, 64),
+        chunk_tokens=(64, 1024),
+        context=(0, 1024),
+        batch=(1, 8, 64),
+        mean_context=(1, 1024),
+    )
 
 
 def _db(layout):
     from calib.sources.kernel_db import resolve_model
     from calib.sources.kernel_db_moe import MoeKernelDb
 
-    return MoeKernelDb(resolve_model(DSV3), "h200", layout, dtype="fp8", engine="sglang", engine_version=SGLANG)
+    return MoeKernelDb(
+        resolve_model(DSV3), "h200", layout, dtype="fp8", engine="sglang", engine_version=SGLANG
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +76,10 @@ def test_dispatch_and_combine_come_from_the_communication_rows(dp8):
     assert ops["moe_pre_dispatch"].source == "silicon" and ops["moe_pre_dispatch"].seconds > 0
     assert ops["moe"].source == "silicon"
     # MLA's block is attention: priced per chunk and context, never inside linear(T)
-    assert "mla_block" in dp8.ops["prefill_attn"][(1024, 1024)] and "mla_block" in dp8.ops["decode_attn"][(8, 1024)]
+    assert (
+        "mla_block" in dp8.ops["prefill_attn"][(1024, 1024)]
+        and "mla_block" in dp8.ops["decode_attn"][(8, 1024)]
+    )
 
 
 def test_dp_ranks_step_together_their_moe_sees_every_ranks_tokens(dp8):
@@ -78,7 +89,9 @@ def test_dp_ranks_step_together_their_moe_sees_every_ranks_tokens(dp8):
 
     tp8 = _db(Layout(8, 1, True))
     for t in (64, 128):
-        assert dp8.db.linear_ops(t)["moe"].seconds == pytest.approx(tp8.linear_ops(8 * t)["moe"].seconds, rel=1e-9)
+        assert dp8.db.linear_ops(t)["moe"].seconds == pytest.approx(
+            tp8.linear_ops(8 * t)["moe"].seconds, rel=1e-9
+        )
 
 
 def test_mla_prefill_costs_more_over_a_cached_prefix(dp8):
@@ -94,11 +107,21 @@ def test_the_table_agrees_with_aiconfigurators_own_predictions(dp8):
 
 
 def _table_scenario(path, dp, ep, tp=1):
-    return load_scenario({"model": DSV3, "hardware": {"gpu": "h200", "tensor_parallel": tp, "data_parallel": dp,
-                                                      "expert_parallel": ep, "gpu_memory_utilization": 0.9},
-                          "engine": {"block_size": 64, "max_model_len": 4096},
-                          "latency": {"backend": "table", "path": str(path)},
-                          "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})
+    return load_scenario(
+        {
+            "model": DSV3,
+            "hardware": {
+                "gpu": "h200",
+                "tensor_parallel": tp,
+                "data_parallel": dp,
+                "expert_parallel": ep,
+                "gpu_memory_utilization": 0.9,
+            },
+            "engine": {"block_size": 64, "max_model_len": 4096},
+            "latency": {"backend": "table", "path": str(path)},
+            "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
+        }
+    )
 
 
 def test_a_table_refuses_a_layout_it_was_not_made_for(dp8, tmp_path):
@@ -112,10 +135,16 @@ def test_a_table_refuses_a_layout_it_was_not_made_for(dp8, tmp_path):
     with pytest.raises(CbsimError) as info:  # the same table for 16 DP ranks over 16 expert-parallel GPUs
         resolve(_table_scenario(tmp_path / "wide", 16, True)).latency()
     msg = str(info.value)
-    assert "made for data_parallel 8, experts over 8 expert-parallel GPUs, but the scenario runs data_parallel 16, " \
-           "experts over 16 expert-parallel GPUs" in msg and "\n" not in msg
-    assert "--from-kernel-db --gpu GPU --model deepseek-ai/DeepSeek-V3 --tp 1 --data-parallel 16 --expert-parallel " \
-           "--out DIR" in msg
+    assert (
+        "made for data_parallel 8, experts over 8 expert-parallel GPUs, but the scenario runs data_parallel 16, "
+        "experts over 16 expert-parallel GPUs"
+        in msg
+        and "\n" not in msg
+    )
+    assert (
+        "--from-kernel-db --gpu GPU --model deepseek-ai/DeepSeek-V3 --tp 1 --data-parallel 16 --expert-parallel "
+        "--out DIR" in msg
+    )
     # a table without `parallel` metadata (every table made before) is the plain TP layout
     meta = json.loads((tmp_path / "wide" / "metadata.json").read_text())
     del meta["parallel"]
@@ -143,16 +172,42 @@ def test_cli_composes_a_wide_ep_table_and_says_its_layout(tmp_path):
     from sim.cli.main import app
 
     out = tmp_path / "t"
-    res = CliRunner().invoke(app, ["calibrate", "--from-kernel-db", "--gpu", "h200", "--model", DSV3, "--engine",
-                                   "sglang", "--tp", "1", "--data-parallel", "8", "--expert-parallel",
-                                   "--max-num-batched-tokens", "2048", "--max-model-len", "2048", "--max-num-seqs",
-                                   "64", "--block-size", "64", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--from-kernel-db",
+            "--gpu",
+            "h200",
+            "--model",
+            DSV3,
+            "--engine",
+            "sglang",
+            "--tp",
+            "1",
+            "--data-parallel",
+            "8",
+            "--expert-parallel",
+            "--max-num-batched-tokens",
+            "2048",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "64",
+            "--block-size",
+            "64",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "data_parallel 8, expert_parallel 8" in " ".join(res.output.split())
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parallel"] == {"data_parallel": 8, "expert_parallel": 8, "moe_tensor_parallel": 1}
     assert "mla_block" in meta["provenance"]["modelled"]
-    res = CliRunner().invoke(app, ["calibrate", "--data-parallel", "2", "--model", "tiny", "--out", str(tmp_path / "x")])
+    res = CliRunner().invoke(
+        app, ["calibrate", "--data-parallel", "2", "--model", "tiny", "--out", str(tmp_path / "x")]
+    )
     assert "--data-parallel and --expert-parallel go with --from-kernel-db" in str(res.exception)
 
 

@@ -39,10 +39,18 @@ def test_a_group_step_lasts_as_long_as_its_slowest_rank():
 
 
 def _scenario(model, dp, ep, requests=60):
-    return load_scenario({"model": model, "hardware": {"gpu": "h200", "data_parallel": dp, "expert_parallel": ep},
-                          "workload": {"num_requests": requests, "arrival": {"rate": 30.0},
-                                       "prompt_tokens": {"dist": "uniform", "min": 64, "max": 2048},
-                                       "output_tokens": {"dist": "uniform", "min": 8, "max": 128}}})
+    return load_scenario(
+        {
+            "model": model,
+            "hardware": {"gpu": "h200", "data_parallel": dp, "expert_parallel": ep},
+            "workload": {
+                "num_requests": requests,
+                "arrival": {"rate": 30.0},
+                "prompt_tokens": {"dist": "uniform", "min": 64, "max": 2048},
+                "output_tokens": {"dist": "uniform", "min": 8, "max": 128},
+            },
+        }
+    )
 
 
 def _overlaps(steps) -> tuple[int, int]:

@@ -28,29 +28,35 @@ DSV3 = "deepseek-ai/DeepSeek-V3"
 
 
 # --- parameter counts against the model cards ------------------------------------------------------
-@pytest.mark.parametrize("name,total,active,rel", [
-    # DeepSeek-V3 model card (huggingface.co/deepseek-ai/DeepSeek-V3): "671B total parameters with 37B
-    # activated for each token" (the 14B of its MTP module are not counted, nor loaded without MTP)
-    (DSV3, 671e9, 37e9, 0.02),
-    ("deepseek-ai/DeepSeek-R1", 671e9, 37e9, 0.02),
-    # Kimi-K2 model card (github.com/MoonshotAI/Kimi-K2): "1 trillion total parameters", "32 billion
-    # activated"; K2.5 keeps the language model's shapes
-    ("moonshotai/Kimi-K2-Instruct", 1.0e12, 32e9, 0.03),
-    ("moonshotai/Kimi-K2.5", 1.0e12, 32e9, 0.03),
-])
+@pytest.mark.parametrize(
+    "name,total,active,rel",
+    [
+        # DeepSeek-V3 model card (huggingface.co/deepseek-ai/DeepSeek-V3): "671B total parameters with 37B
+        # activated for each token" (the 14B of its MTP module are not counted, nor loaded without MTP)
+        (DSV3, 671e9, 37e9, 0.02),
+        ("deepseek-ai/DeepSeek-R1", 671e9, 37e9, 0.02),
+        # Kimi-K2 model card (github.com/MoonshotAI/Kimi-K2): "1 trillion total parameters", "32 billion
+        # activated"; K2.5 keeps the language model's shapes
+        ("moonshotai/Kimi-K2-Instruct", 1.0e12, 32e9, 0.03),
+        ("moonshotai/Kimi-K2.5", 1.0e12, 32e9, 0.03),
+    ],
+)
 def test_mla_models_have_their_model_cards_parameters(name, total, active, rel):
     spec = shipped(name)
     assert spec.num_params() == pytest.approx(total, rel=rel)
     assert spec.active_params() == pytest.approx(active, rel=rel)
 
 
-@pytest.mark.parametrize("name,total,active", [
-    # gpt-oss model card (OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card", table 1): total 116.83B and
-    # 20.91B; active per token 5.13B and 3.61B (the input embedding not counted as active). cbsim leaves
-    # out the attention and expert biases (about 0.05 % of the weights).
-    ("openai/gpt-oss-120b", 116.83e9, 5.13e9),
-    ("openai/gpt-oss-20b", 20.91e9, 3.61e9),
-])
+@pytest.mark.parametrize(
+    "name,total,active",
+    [
+        # gpt-oss model card (OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card", table 1): total 116.83B and
+        # 20.91B; active per token 5.13B and 3.61B (the input embedding not counted as active). cbsim leaves
+        # out the attention and expert biases (about 0.05 % of the weights).
+        ("openai/gpt-oss-120b", 116.83e9, 5.13e9),
+        ("openai/gpt-oss-20b", 20.91e9, 3.61e9),
+    ],
+)
 def test_gpt_oss_has_its_model_cards_parameters(name, total, active):
     spec = shipped(name)
     embedding = spec.vocab_size * spec.hidden_size
@@ -61,14 +67,21 @@ def test_gpt_oss_has_its_model_cards_parameters(name, total, active):
 # --- the shapes read from config.json --------------------------------------------------------------
 def test_deepseek_v3_layout_as_the_engines_load_it():
     m = shipped(DSV3)
-    assert (m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank) == (512, 64, 128, 128,
-                                                                                                  1536)
+    assert (m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank) == (
+        512,
+        64,
+        128,
+        128,
+        1536,
+    )
     assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (256, 8, 2048)
     assert m.shared_expert_intermediate_size == 2048 and m.first_k_dense_layers == 3 and m.moe_layers == 58
     assert m.quantization == "fp8" and m.mtp_layers == 1  # recorded, not loaded
     names = {op.name: op for op in m.dense_linears(8)}
     assert names["fused_qkv_a_proj"].n == 1536 + 576  # replicated on every rank
-    assert names["q_b_proj"].n == 16 * 192 and names["kv_b_proj"].n == 16 * 256 and names["o_proj"].k == 16 * 128
+    assert (
+        names["q_b_proj"].n == 16 * 192 and names["kv_b_proj"].n == 16 * 256 and names["o_proj"].k == 16 * 128
+    )
     assert names["mlp.gate_up_proj"].layers == 3 and names["router"].layers == 58
     assert all(op.layers == 58 for op in m.expert_linears(8))
 
@@ -83,7 +96,9 @@ def test_gpt_oss_layout_as_the_engines_load_it():
     assert expert.weight_bytes == 4.25 / 8
     assert {op.weight_bytes for op in m.dense_linears()} == {2}
     k25 = shipped("moonshotai/Kimi-K2.5")
-    assert k25.expert_quantization == "int4" and k25.quantization is None  # int4 + a bf16 scale per 32: 4.5 bits
+    assert (
+        k25.expert_quantization == "int4" and k25.quantization is None
+    )  # int4 + a bf16 scale per 32: 4.5 bits
     assert k25.expert_linears()[0].weight_bytes == 4.5 / 8
 
 
@@ -194,8 +209,9 @@ def test_vectorized_decodes_equal_step_by_step_pricing_for_mla():
     secs, flops, bytes_ = lat.price_decodes(16, 16 * 300, 4)
     for j in (1, 4):
         plan = StepPlan(scheduled=list(range(16)), num_new_tokens=[1] * 16, context=[300 + j - 1] * 16)
-        assert (secs[j - 1], flops[j - 1], bytes_[j - 1]) == pytest.approx(lat.price(step_shape(plan), plan),
-                                                                            rel=1e-12)
+        assert (secs[j - 1], flops[j - 1], bytes_[j - 1]) == pytest.approx(
+            lat.price(step_shape(plan), plan), rel=1e-12
+        )
 
 
 # --- refusals ---------------------------------------------------------------------------------------
@@ -203,12 +219,30 @@ def test_mla_fields_without_a_latent_are_one_error():
     from sim.hardware.models import get_model
 
     with pytest.raises(CbsimError, match="need kv_lora_rank > 0"):
-        get_model({"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 100,
-                   "qk_rope_head_dim": 64})
+        get_model(
+            {
+                "num_layers": 2,
+                "hidden_size": 64,
+                "num_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 100,
+                "qk_rope_head_dim": 64,
+            }
+        )
     with pytest.raises(CbsimError, match="expert_quantization 'nf4' is not one of mxfp4, int4"):
-        get_model({"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 100,
-                   "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
-                   "expert_quantization": "nf4"})
+        get_model(
+            {
+                "num_layers": 2,
+                "hidden_size": 64,
+                "num_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 100,
+                "num_experts": 4,
+                "num_experts_per_tok": 1,
+                "moe_intermediate_size": 32,
+                "expert_quantization": "nf4",
+            }
+        )
 
 
 def test_every_config_left_out_says_why():
@@ -223,8 +257,10 @@ def test_every_config_left_out_says_why():
             from_hf_config(src.path, name=src.name)
         except CbsimError as exc:
             msg = str(exc)
-            assert any(f"'{arch}' is not one cbsim can price: {why}" in msg for arch, why in UNSUPPORTED.items()) \
-                or "quantization_config" in msg, msg
+            assert (
+                any(f"'{arch}' is not one cbsim can price: {why}" in msg for arch, why in UNSUPPORTED.items())
+                or "quantization_config" in msg
+            ), msg
             reasons[src.name] = msg
     names = {s.name for s in available_models()}
     assert {"deepseek-ai/DeepSeek-V3", "openai/gpt-oss-120b", "moonshotai/Kimi-K2.5"} <= names - set(reasons)
@@ -242,9 +278,16 @@ def test_dp_without_ep_splits_each_expert_over_tp_times_dp_gpus():
     from sim.scenario.resolved import resolve
     from sim.scenario.schema import load_scenario
 
-    dep = resolve(load_scenario({"model": DSV3, "hardware": {"gpu": "h200", "data_parallel": 8},
-                                 "engine": {"max_model_len": 4096},
-                                 "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}}))
+    dep = resolve(
+        load_scenario(
+            {
+                "model": DSV3,
+                "hardware": {"gpu": "h200", "data_parallel": 8},
+                "engine": {"max_model_len": 4096},
+                "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
+            }
+        )
+    )
     assert dep.lockstep == 8 and dep.limits.num_gpu_blocks > 0
 
 
@@ -252,20 +295,45 @@ def test_an_inline_mla_moe_spec_in_a_scenario():
     from sim.hardware.models import get_model
     from sim.scenario.schema import load_scenario
 
-    scn = load_scenario({"model": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1024,
-                                   "vocab_size": 1000, "kv_lora_rank": 64, "qk_rope_head_dim": 16,
-                                   "qk_nope_head_dim": 32, "v_head_dim": 32, "num_experts": 8,
-                                   "num_experts_per_tok": 2, "moe_intermediate_size": 256,
-                                   "first_k_dense_layers": 1, "expert_quantization": "mxfp4"},
-                         "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})
+    scn = load_scenario(
+        {
+            "model": {
+                "num_layers": 4,
+                "hidden_size": 512,
+                "num_heads": 8,
+                "intermediate_size": 1024,
+                "vocab_size": 1000,
+                "kv_lora_rank": 64,
+                "qk_rope_head_dim": 16,
+                "qk_nope_head_dim": 32,
+                "v_head_dim": 32,
+                "num_experts": 8,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 256,
+                "first_k_dense_layers": 1,
+                "expert_quantization": "mxfp4",
+            },
+            "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
+        }
+    )
     m = get_model(scn.model)
     assert m.kv_layer_bytes_per_token() == (64 + 16) * 2 and m.moe_layers == 3
     from sim.errors import ScenarioError
 
     with pytest.raises(ScenarioError, match="model: .*need kv_lora_rank > 0"):
-        load_scenario({"model": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1024,
-                                 "vocab_size": 1000, "v_head_dim": 32},
-                       "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})
+        load_scenario(
+            {
+                "model": {
+                    "num_layers": 4,
+                    "hidden_size": 512,
+                    "num_heads": 8,
+                    "intermediate_size": 1024,
+                    "vocab_size": 1000,
+                    "v_head_dim": 32,
+                },
+                "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
+            }
+        )
 
 
 def test_the_shipped_copies_resolve_without_aiconfigurator_or_a_cache(tmp_path, monkeypatch):
@@ -277,20 +345,41 @@ def test_the_shipped_copies_resolve_without_aiconfigurator_or_a_cache(tmp_path, 
     assert model_sources.find_config(DSV3).origin == "cbsim"
     assert get_model("openai/gpt-oss-20b").num_experts == 32
     assert {s.name for s in model_sources.available_models()} == {
-        "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct", "moonshotai/Kimi-K2.5",
-        "openai/gpt-oss-20b", "openai/gpt-oss-120b"}
+        "deepseek-ai/DeepSeek-V3",
+        "deepseek-ai/DeepSeek-R1",
+        "moonshotai/Kimi-K2-Instruct",
+        "moonshotai/Kimi-K2.5",
+        "openai/gpt-oss-20b",
+        "openai/gpt-oss-120b",
+    }
 
 
 def _spec_scenario(model, method="mtp"):
     from sim.scenario.schema import load_scenario
 
-    return load_scenario({"model": model, "hardware": {"gpu": "h200", "tensor_parallel": 8},
-                          "engine": {"max_model_len": 4096},
-                          "workload": {"num_requests": 8, "arrival": {"rate": 4.0},
-                                       "prompt_tokens": {"dist": "fixed", "value": 512},
-                                       "output_tokens": {"dist": "fixed", "value": 32}},
-                          "policies": [{"name": "vllm-v1", "speculative": {
-                              "method": method, "num_speculative_tokens": 1, "acceptance": {"rate": 0.8}}}]})
+    return load_scenario(
+        {
+            "model": model,
+            "hardware": {"gpu": "h200", "tensor_parallel": 8},
+            "engine": {"max_model_len": 4096},
+            "workload": {
+                "num_requests": 8,
+                "arrival": {"rate": 4.0},
+                "prompt_tokens": {"dist": "fixed", "value": 512},
+                "output_tokens": {"dist": "fixed", "value": 32},
+            },
+            "policies": [
+                {
+                    "name": "vllm-v1",
+                    "speculative": {
+                        "method": method,
+                        "num_speculative_tokens": 1,
+                        "acceptance": {"rate": 0.8},
+                    },
+                }
+            ],
+        }
+    )
 
 
 def test_deepseek_mtp_drafts_with_its_own_moe_layer_and_kimi_k2_has_none():

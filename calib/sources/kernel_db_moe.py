@@ -71,7 +71,11 @@ class Layout:
 
     def to_metadata(self) -> dict[str, Any]:
         """The table's ``parallel`` metadata: what :func:`sim.latency.table.check_compatible` compares."""
-        return {"data_parallel": self.data_parallel, "expert_parallel": self.moe_ep, "moe_tensor_parallel": self.moe_tp}
+        return {
+            "data_parallel": self.data_parallel,
+            "expert_parallel": self.moe_ep,
+            "moe_tensor_parallel": self.moe_tp,
+        }
 
     @property
     def is_plain(self) -> bool:
@@ -94,19 +98,31 @@ def moe_quant_mode(spec, dtype: str) -> str:
 class MoeKernelDb(KernelDb):
     """:class:`KernelDb` compiled for a :class:`Layout` and for MLA's ``mla_block`` operator."""
 
-    def __init__(self, model: ModelSource, gpu: str, layout: Layout, dtype: str = "bf16", engine: str = "vllm",
-                 engine_version: str | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelSource,
+        gpu: str,
+        layout: Layout,
+        dtype: str = "bf16",
+        engine: str = "vllm",
+        engine_version: str | None = None,
+    ) -> None:
         spec = model.spec
         if layout.expert_parallel and not spec.is_moe:
-            raise CbsimError(f"--expert-parallel needs a mixture-of-experts model; {spec.name!r} has no experts")
+            raise CbsimError(
+                f"--expert-parallel needs a mixture-of-experts model; {spec.name!r} has no experts"
+            )
         if layout.data_parallel > 1 and not spec.is_moe:
-            raise CbsimError(f"--data-parallel: the data-parallel ranks of a dense model ({spec.name!r}) are "
-                             f"independent engines; make the table at --tp {layout.tensor_parallel} without "
-                             f"--data-parallel (the scenario's hardware.data_parallel then runs one per rank)")
+            raise CbsimError(
+                f"--data-parallel: the data-parallel ranks of a dense model ({spec.name!r}) are "
+                f"independent engines; make the table at --tp {layout.tensor_parallel} without "
+                f"--data-parallel (the scenario's hardware.data_parallel then runs one per rank)"
+            )
         spec.check_ep(layout.moe_ep)
         self.layout = layout
-        super().__init__(model, gpu, tp=layout.tensor_parallel, dtype=dtype, engine=engine,
-                         engine_version=engine_version)
+        super().__init__(
+            model, gpu, tp=layout.tensor_parallel, dtype=dtype, engine=engine, engine_version=engine_version
+        )
 
     def compile_kwargs(self) -> dict[str, Any]:
         spec, lay = self.model.spec, self.layout
@@ -117,8 +133,11 @@ class MoeKernelDb(KernelDb):
             kwargs["fmha_quant_mode"] = "bfloat16"
         kwargs["attention_dp_size"] = lay.data_parallel
         if spec.is_moe:
-            kwargs.update(moe_quant_mode=moe_quant_mode(spec, self.dtype), moe_tp_size=lay.moe_tp,
-                          moe_ep_size=lay.moe_ep)
+            kwargs.update(
+                moe_quant_mode=moe_quant_mode(spec, self.dtype),
+                moe_tp_size=lay.moe_tp,
+                moe_ep_size=lay.moe_ep,
+            )
         return kwargs
 
     @staticmethod
@@ -131,23 +150,40 @@ class MoeKernelDb(KernelDb):
             return super()._check_shape()
         # AIConfigurator's parsed `d` is not MLA's head size; the layer count, width, heads and
         # vocabulary still name the same model
-        for key, mine, theirs in (("num_layers", s.num_layers, p["layers"]), ("hidden_size", s.hidden_size,
-                                  p["hidden_size"]), ("num_heads", s.num_heads, p["n"]),
-                                  ("vocab_size", s.vocab_size, p["vocab"])):
+        for key, mine, theirs in (
+            ("num_layers", s.num_layers, p["layers"]),
+            ("hidden_size", s.hidden_size, p["hidden_size"]),
+            ("num_heads", s.num_heads, p["n"]),
+            ("vocab_size", s.vocab_size, p["vocab"]),
+        ):
             if mine != theirs:
-                raise CbsimError(f"model {s.name!r}: {key} is {mine} in cbsim's spec but {theirs} in the config.json "
-                                 f"given to the kernel database ({self.model.origin}); they must describe the same "
-                                 f"model")
+                raise CbsimError(
+                    f"model {s.name!r}: {key} is {mine} in cbsim's spec but {theirs} in the config.json "
+                    f"given to the kernel database ({self.model.origin}); they must describe the same "
+                    f"model"
+                )
         return None
 
 
-MODELLED_MLA = ("MLA: the mla_block operator (projections + attention) is priced per chunk in prefill_attn and per "
-                "decode batch in decode_attn, so in a step with both its projection weights are read twice")
+MODELLED_MLA = (
+    "MLA: the mla_block operator (projections + attention) is priced per chunk in prefill_attn and per "
+    "decode batch in decode_attn, so in a step with both its projection weights are read twice"
+)
 
 
-def build_table(model: str, gpu: str, layout: Layout, *, dtype: str | None = None, engine: str = "vllm",
-                engine_version: str | None = None, block_size: int = 16, max_num_batched_tokens: int = 16384,
-                max_model_len: int = 32768, max_num_seqs: int = 1024):
+def build_table(
+    model: str,
+    gpu: str,
+    layout: Layout,
+    *,
+    dtype: str | None = None,
+    engine: str = "vllm",
+    engine_version: str | None = None,
+    block_size: int = 16,
+    max_num_batched_tokens: int = 16384,
+    max_model_len: int = 32768,
+    max_num_seqs: int = 1024,
+):
     """:func:`calib.sources.kernel_db.build_table` for a :class:`Layout` (and MLA models)."""
     from calib.sources.kernel_db import Grids, compose, require_aiconfigurator, resolve_model
 
@@ -156,7 +192,9 @@ def build_table(model: str, gpu: str, layout: Layout, *, dtype: str | None = Non
     if dtype is None:
         dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
     db = MoeKernelDb(source, gpu, layout, dtype=dtype, engine=engine, engine_version=engine_version)
-    comp = compose(db, Grids.covering(max_num_batched_tokens, max_model_len, max_num_seqs), block_size=block_size)
+    comp = compose(
+        db, Grids.covering(max_num_batched_tokens, max_model_len, max_num_seqs), block_size=block_size
+    )
     meta = comp.table.metadata
     meta["parallel"] = layout.to_metadata()
     if source.spec.is_mla:

@@ -11,7 +11,8 @@ Mapping, as the rows run them: ``tp_size`` attention GPUs per data-parallel rank
 ranks (stepping in lockstep), experts expert-parallel when ``moe_ep_size`` > 1 (then ``moe_ep_size``
 must be tp × dp) else tensor-parallel over tp × dp. Rows whose layout maps to neither (``tp_size``
 64 with 8 GPUs of experts) are skipped with the reason. Policies: each engine's own (``sglang``,
-``vllm-v1``, ``trtllm``). KV cache in the
+``vllm-v1``, ``trtllm``; TensorRT-LLM's token budget raised to hold one prompt beside the decodes,
+:func:`engine_section`). KV cache in the
 model's dtype (bf16), FlashMLA's 64-token blocks. gpt-oss rows say ``nvfp4`` in the corpus; the
 checkpoint is served as shipped (MXFP4 experts).
 
@@ -101,6 +102,17 @@ def table_for(cache: dict, out: Path, model: str, engine: str, layout, max_len: 
     return cache[key]
 
 
+def engine_section(backend: str, c: int, isl: int, osl: int) -> dict:
+    """FlashMLA's 64-token blocks, room for the row's lengths; TensorRT-LLM rows get a token budget
+    that holds one prompt beside the other clients' decodes (its default max_num_tokens 8192 with
+    chunking off admits an 8192-token context only into an empty step; the corpus does not say
+    what its runs set, and a deployment serving 8k prompts sets more)."""
+    engine = {"block_size": 64, "max_model_len": isl + osl + 64}
+    if backend == "trtllm":
+        engine["max_num_batched_tokens"] = max(8192, isl + c)
+    return engine
+
+
 def predict(row, table: Path, layout) -> tuple[float, float]:
     from sim import run
     from sim.scenario.schema import load_scenario
@@ -117,7 +129,7 @@ def predict(row, table: Path, layout) -> tuple[float, float]:
                 "expert_parallel": ep,
                 "gpu_memory_utilization": 0.9,
             },
-            "engine": {"block_size": 64, "max_model_len": isl + osl + 64},
+            "engine": engine_section(row["backend"], c, isl, osl),
             "latency": {"backend": "table", "path": str(table)},
             "workload": {
                 "num_requests": max(3 * c, 12),

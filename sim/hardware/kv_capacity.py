@@ -57,7 +57,8 @@ def reserve_bytes(model: ModelSpec, hardware_cfg, tp: int = 1, max_num_batched_t
     pinned = getattr(hardware_cfg, "activation_reserve_gib", None)
     if pinned is not None:
         return int(pinned * GIB)
-    return activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp, expert_parallel(hardware_cfg))
+    return activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp, expert_parallel(hardware_cfg),
+                                    moe_tensor_parallel(hardware_cfg))
 
 
 def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int, tp: int = 1, *,

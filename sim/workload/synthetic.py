@@ -65,12 +65,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.errors import ScenarioError
-from sim.workload.distributions import lognormal_params
+from sim.workload.draws import OUTPUT, PREFIX, PROMPT, ROWS, rng, sample_lengths, synthetic_arrivals
 from sim.workload.request_spec import RequestSpec
 
 if TYPE_CHECKING:
     from sim.scenario.schema import Scenario
 
+<<<<<<< HEAD
 PROMPT_CLIPPED = "prompt clipped to engine.max_model_len - 1"  # a RequestSpec's cut
 
 # one independent random stream per quantity: [seed, STREAM]
@@ -115,12 +116,18 @@ def sample_lengths(dist, n: int, generator: np.random.Generator, field: str = "p
         return sample(field, n, generator)
     raise ValueError(f"no synthetic length distribution {dist.dist!r}")
 
+=======
+>>>>>>> main
 
 def build_workload(scenario: Scenario) -> list[RequestSpec]:
     """The scenario's requests, sorted by arrival (see the module docstring)."""
     w = scenario.workload
     if w.requests is not None:
         return _written_out(scenario)
+    if w.sessions is not None:
+        from sim.workload.sessions import build_sessions
+
+        return build_sessions(scenario)
     max_len = scenario.engine.max_model_len
     trace = None
     if w.trace is not None:
@@ -188,6 +195,15 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
             raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its "
                                 f"hash_ids already say which prompts share prefixes")
         trace_runs = trace.prompt_runs
+    sessions = None  # a csv trace's session_id and turn: each row's history runs (sim.workload.sessions)
+    if (replay or closed) and trace is not None and trace.session is not None:
+        if w.prefix is not None:
+            raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its sessions "
+                                f"already say which prompts share prefixes")
+        from sim.workload.sessions import trace_sessions
+
+        sess_l, turn_l = trace.session[rows].tolist(), trace.turn[rows].tolist()
+        sessions = trace_sessions(sess_l, turn_l, prompt.tolist(), output.tolist())
     groups = None
     if w.prefix is not None:
         groups = rng(scenario.seed, PREFIX).integers(0, w.prefix.num_groups, size=n).tolist()
@@ -203,6 +219,11 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     for i, src in enumerate(order.tolist()):
         rid = f"r{i:0{width}d}"
         p = p_l[i]
+        if sessions is not None:
+            runs, out_key = sessions[src]
+            specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs, out_key,
+                                     session=sess_l[src], turn=turn_l[src]))
+            continue
         if trace_runs is not None:
             runs = trace_runs[src]
         elif groups is not None:

@@ -143,12 +143,6 @@ class ModelSpec:
     num_sliding_layers: int = 0
     quantization: str | None = None
     kv_cache_dtype: str | None = None
-<<<<<<< HEAD
-    # the longest sequence the model takes, as vLLM derives it from config.json (max_position_embeddings
-    # with its rope scaling: sim.hardware.hf_config.context_length); engine.max_model_len defaults to
-    # it. 0: not stated (an inline spec without it).
-    context_length: int = 0
-=======
     kv_lora_rank: int = 0  # MLA: the cached latent's width (0: grouped-query attention)
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
@@ -158,7 +152,10 @@ class ModelSpec:
     expert_quantization: str | None = None  # routed experts only: mxfp4 or int4 (weight-only)
     attention_sinks: bool = False
     mtp_layers: int = 0  # recorded, never loaded nor priced (speculative decoding)
->>>>>>> main
+    # the longest sequence the model takes, as vLLM derives it from config.json (max_position_embeddings
+    # with its rope scaling: sim.hardware.hf_config.context_length); engine.max_model_len defaults to
+    # it. 0: not stated (an inline spec without it).
+    context_length: int = 0
 
     def __post_init__(self) -> None:
         for field in _POSITIVE + _NON_NEGATIVE:
@@ -528,14 +525,10 @@ class ModelSpec:
 
 _OPTIONAL_DEFAULTS = {"num_experts": 0, "num_experts_per_tok": 0, "moe_intermediate_size": 0,
                       "shared_expert_intermediate_size": 0, "sliding_window": 0, "num_sliding_layers": 0,
-<<<<<<< HEAD
-                      "quantization": None, "kv_cache_dtype": None}
-_INLINE_DEFAULTS = {**_OPTIONAL_DEFAULTS, "context_length": 0}
-=======
                       "quantization": None, "kv_cache_dtype": None, "kv_lora_rank": 0, "qk_rope_head_dim": 0,
                       "qk_nope_head_dim": 0, "v_head_dim": 0, "q_lora_rank": 0, "first_k_dense_layers": 0,
                       "expert_quantization": None, "attention_sinks": False, "mtp_layers": 0}
->>>>>>> main
+_INLINE_DEFAULTS = {**_OPTIONAL_DEFAULTS, "context_length": 0}
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int,

@@ -90,12 +90,6 @@ class ModelSpecConfig(BaseModel):
     num_sliding_layers: int | None = Field(None, ge=0, description="how many layers use sliding_window")
     quantization: Literal["fp8"] | None = Field(None, description="fp8: w8a8 FP8 linear layers (1 byte per "
                                                 "weight); null: weights in dtype")
-<<<<<<< HEAD
-    context_length: int | None = Field(None, gt=0, le=MAX_TOKENS,
-                                       description="the longest sequence the model takes (its "
-                                                   "max_position_embeddings, rope scaling applied): "
-                                                   "engine.max_model_len's default; null: set engine.max_model_len")
-=======
     kv_lora_rank: int | None = Field(None, ge=0, description="multi-head latent attention (DeepSeek, Kimi): "
                                      "width of the cached KV latent; null/0: grouped-query attention")
     qk_rope_head_dim: int | None = Field(None, ge=0, description="MLA: width of the decoupled rope key "
@@ -110,7 +104,10 @@ class ModelSpecConfig(BaseModel):
                                                                  "weight-only; null: as quantization")
     attention_sinks: bool = Field(False, description="gpt-oss's per-head attention sinks (recorded; priced as "
                                                      "zero: one logit per head)")
->>>>>>> main
+    context_length: int | None = Field(None, gt=0, le=MAX_TOKENS,
+                                       description="the longest sequence the model takes (its "
+                                                   "max_position_embeddings, rope scaling applied): "
+                                                   "engine.max_model_len's default; null: set engine.max_model_len")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpecConfig:

@@ -28,8 +28,5 @@ class RequestSpec:
     client: int = -1  # closed loop: the client that sent it (sim.clients); -1: an open-loop arrival
     session: int = -1  # multi-turn sessions: the session and the turn (0-based); -1: not a session
     turn: int = -1
-<<<<<<< HEAD
-    cut: str = ""  # what the workload changed in this request, and why ("": nothing; counted by the run)
-=======
     think_s: float = 0.0  # a session's later turn: sent this long after the previous turn ended
->>>>>>> main
+    cut: str = ""  # what the workload changed in this request, and why ("": nothing; counted by the run)

@@ -134,7 +134,10 @@ def spec_fields(config: dict[str, Any], name: str, where: str = "config.json") -
     # Gemma 3's multimodal config keeps the language model's dtype and quantization at the top level
     merged = {**config, **text} if text is not config else config
     if arch in MLA or arch in GPT_OSS:
-        return _mla_or_gpt_oss_fields(arch, merged, name, where)
+        fields = _mla_or_gpt_oss_fields(arch, merged, name, where)
+        if context := context_length(merged, where):
+            fields["context_length"] = context
+        return fields
     get = _Reader(merged, where)
     layers = get.int("num_hidden_layers")
     hidden = get.int("hidden_size")

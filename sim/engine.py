@@ -48,6 +48,7 @@ from sim.metrics.recorder import (
 )
 from sim.routing import round_robin
 from sim.workload.request_spec import RequestSpec
+from sim.workload.sharing import shareable_tokens
 
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 
@@ -397,7 +398,8 @@ class Simulation:
         ]
         self.router = router or round_robin()
         self.records = [RequestRecord(s) for s in specs]
-        for rec in self.records:
+        for rec, own in zip(self.records, shareable_tokens(specs)):
+            rec.shareable = own
             self.recorder.add_request(rec)
         self.env.process(self.arrivals())
 

@@ -41,7 +41,9 @@ class BlockPool:
     """``num_usable`` allocatable blocks (ids 1..num_usable) plus the reserved null block 0.
 
     Content hashes are small integers from :class:`policies.prefix_hash.BlockHasher`; with
-    ``enable_caching`` off no block is ever hashed.
+    ``enable_caching`` off no block is ever hashed. A negative ``block_hash`` is a *private tag*
+    (:mod:`policies.kv.paged`: content only its own request can hit): it places the block in the
+    free queue as a hash does, but is in no registry, so evicting it is just clearing it.
     """
 
     def __init__(self, num_usable: int, enable_caching: bool = False) -> None:
@@ -161,6 +163,8 @@ class BlockPool:
     def _evict(self, b: int) -> None:
         h = self.block_hash[b]
         self.block_hash[b] = None
+        if h < 0:  # a private tag (policies.kv.paged): in no registry
+            return
         copies = self._cached[h]
         del copies[b]
         if not copies:
@@ -183,7 +187,7 @@ class BlockPool:
         for b in range(1, self.num_usable + 1):
             assert (self.ref_cnt[b] == 0) == (b in in_q), f"block {b}: ref_cnt {self.ref_cnt[b]} vs queue"
             h = self.block_hash[b]
-            if h is not None:
+            if h is not None and h > 0:
                 assert b in self._cached.get(h, ()), f"block {b} hashed but not registered"
         for h, copies in self._cached.items():
             for b in copies:

@@ -39,6 +39,7 @@ class RequestRecord:
         "_generated",
         "_preemptions",
         "_swaps",
+        "shareable",
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
@@ -58,6 +59,7 @@ class RequestRecord:
         self._generated = 0
         self._preemptions = 0
         self._swaps = 0
+        self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
 
     @property
     def generated(self) -> int:
@@ -78,7 +80,7 @@ class RequestRecord:
         ``max_model_len`` (emitted tokens are ``num_output_tokens``: the engine is the only emitter)."""
         s = self.spec
         req = Request(s.id, s.arrival_s, s.prompt_tokens, s.max_tokens, s.priority, s.prompt_runs,
-                      s.output_key, seq=seq)
+                      s.output_key, seq=seq, shareable_tokens=self.shareable)
         self.req = req
         self.replica = replica
         self.steps = steps

@@ -187,6 +187,23 @@ class BlockPool:
             to_front.reverse()
             self._front.extend(to_front)
 
+    def free_table(self, blocks: list[int], num_hashed: int) -> None:
+        """``free_blocks(reversed(blocks))`` for a block table whose first ``num_hashed`` blocks
+        hold content and the rest none (what a request's table is): when the request is each
+        block's only holder (nothing shared or pinned) every block reaches 0, the unhashed tail
+        goes to the front and the hashed head to the back, tail first, as two list operations."""
+        ref = self.ref_cnt
+        if max(map(ref.__getitem__, blocks)) != 1:
+            self.free_blocks(reversed(blocks))
+            return
+        for b in blocks:
+            ref[b] = 0
+        if num_hashed < len(blocks):
+            self._front.extend(blocks[num_hashed:])  # to_front reversed twice: table order
+        if num_hashed:
+            self._back.extend(blocks[num_hashed - 1::-1])
+            self._num_back += num_hashed
+
     # --- the prefix-cache registry ------------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:
         """The first registered block still holding this content, or None."""

@@ -245,7 +245,11 @@ class PagedKVManager:
             return
         if st.num_cached_blocks > st.shared:
             self._tag_own(st, _keep_own)
-        self.pool.free_blocks(reversed(st.blocks))
+        if self.enable_caching:
+            # blocks [0, num_cached) hold content (hashed or tagged), the rest none
+            self.pool.free_table(st.blocks, st.num_cached_blocks)
+        else:
+            self.pool.free_blocks(reversed(st.blocks))
         self._held_blocks -= len(st.blocks)
         st.blocks = []
         st.num_cached_blocks = 0

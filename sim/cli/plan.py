@@ -39,9 +39,9 @@ def plan_cmd(
     if disaggregated or tp is not None:
         from sim.cli.plan_disaggregated import print_disaggregated_plan
 
-        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out)
+        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, workers)
         return
-    with console.status(f"planning for {target_rate:g} req/s ..."):
+    with shared.search_display(console, scn, policy, workers, backend, f"planning for {target_rate:g} req/s"):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
                      backend=backend, ray_address=ray_address)
     price = scn.cost_per_gpu_hour

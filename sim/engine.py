@@ -87,7 +87,8 @@ class Replica:
         self.recorder = recorder
         self.steps = recorder.replica_steps(index)
         self.max_model_len = max_model_len
-        self.records: dict[str, RequestRecord] = {}
+        self.records: dict[str, RequestRecord] = {}  # the requests held here, by id (ended ones leave)
+        self.submitted = 0  # requests handed to this replica: the next one's arrival order
         self.outstanding = 0  # requests handed to this replica and not yet ended
         self.wake = env.event()
         self.arrivals_done = False
@@ -105,7 +106,8 @@ class Replica:
         self.process = env.process(self.loop())
 
     def submit(self, rec: RequestRecord) -> None:
-        req = rec.open(len(self.records), self.max_model_len, self.index, self.steps)
+        req = rec.open(self.submitted, self.max_model_len, self.index, self.steps)
+        self.submitted += 1
         self.records[req.id] = rec
         self.outstanding += 1
         self.policy.add_request(req)
@@ -117,6 +119,7 @@ class Replica:
 
     def _end(self, rec: RequestRecord, state: str, reason: str = "") -> None:
         rec.end(state, reason)
+        del self.records[rec.spec.id]  # the recorder keeps the record: nothing here looks it up again
         self.outstanding -= 1
         if self.on_progress is not None:
             self.on_progress(1)

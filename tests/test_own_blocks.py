@@ -108,3 +108,28 @@ def test_shareable_tokens_start_at_the_first_run_nobody_else_holds():
         spec(6, ((("g", 1), 100), (("g", 1), 20), (("x", 6), 9)), 129),  # a key repeated in one request
     ]
     assert shareable_tokens(specs) == [100, 100, 100, 0, None, None, 120]
+
+
+@pytest.mark.parametrize("name", ["sglang", "tgi"])
+def test_radix_heap_compaction_changes_no_eviction(name, monkeypatch):
+    """SGLang's and TGI's radix caches push a heap entry on every touch and pop only on eviction;
+    compacting the heap (dropping what eviction would skip) keeps it bounded and must not change
+    a single decision: compacting after every few pushes equals never compacting."""
+    import policies.kv.radix as radix
+
+    specs = workload(3, n=150, groups=3, prefix_len=120, max_prompt=300, max_out=200)
+    monkeypatch.setattr(radix, "_MIN_COMPACT", 10**9)
+    never = simulate(name, specs, TIGHT)
+    compactions = []
+    original = radix.RadixCache._compact
+
+    def counted(cache):
+        compactions.append(len(cache._heap))
+        original(cache)
+        assert len(cache._heap) <= len(cache.nodes())  # at most one live entry per node
+
+    monkeypatch.setattr(radix, "_MIN_COMPACT", 8)
+    monkeypatch.setattr(radix.RadixCache, "_compact", counted)
+    often = simulate(name, specs, TIGHT)
+    assert compactions, "the heap never grew past the bound: nothing was compacted"
+    assert_same_run(never, often)

@@ -96,7 +96,8 @@ class DecodeReplica(Replica):
 
     def submit(self, rec) -> None:
         """The request's KV has landed: it joins this instance's policy (see HandedOffRecord)."""
-        req = rec.open(len(self.records), self.max_model_len, self.index, self.steps)
+        req = rec.open(self.submitted, self.max_model_len, self.index, self.steps)
+        self.submitted += 1
         self.records[req.id] = rec
         self.policy.add_request(req)
         self._kick()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from policies.base import Request
 from sim.errors import TraceError
 from sim.workload.traces import _load_cached, detect_format, load_trace, read_trace
 
@@ -34,7 +35,9 @@ def test_azure_rows_become_requests(tmp_path):
     assert [s.arrival_s for s in specs] == pytest.approx([0.0, 4.314579, 4.31941], abs=1e-9)
     assert [(s.prompt_tokens, s.output_tokens, s.max_tokens) for s in specs] == [(374, 44, 44), (396, 109, 109),
                                                                                  (879, 31, 31)]
-    assert specs[0].prompt_runs == ((("req", "r000000"), 374),)
+    # content of its own: left to Request's default run ("req", id), not stored per request
+    assert specs[0].prompt_runs is None
+    assert Request(specs[0].id, 0.0, 374, 44).prompt_runs == ((("req", "r000000"), 374),)
 
 
 def test_unsorted_rows_are_sorted_by_arrival(tmp_path):

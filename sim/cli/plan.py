@@ -22,7 +22,9 @@ def plan_cmd(
     policy: shared.PolicyOpt = None,
     json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file"),
     set_: shared.SetOpt = None,
-    workers: int = shared.workers_option("planned"),
+    workers: int = typer.Option(None, "--workers", "-j", help="policies planned in parallel (default: "
+                                "min(policies, CPUs)); with --disaggregated, worker processes that run "
+                                "independent probes beside the search (default 2; 1: one process)"),
     backend: shared.BackendOpt = "local",
     ray_address: shared.RayAddressOpt = None,
     disaggregated: bool = typer.Option(False, "--disaggregated", help="plan the scenario's disaggregation "

@@ -234,11 +234,19 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress=Fals
             meta[label] = m
     return RunResult(
         scenario=scn,
-        requests=pd.concat(req_frames, ignore_index=True),
-        steps=pd.concat(step_frames, ignore_index=True),
+        requests=_concat(req_frames),
+        steps=_concat(step_frames),
         summaries=summaries,
         meta=meta,
     )
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The policies' frames one after another; one frame as it is (``pd.concat`` would copy every
+    column: the largest allocation of a long run, at its peak)."""
+    if len(frames) == 1:
+        return frames[0]
+    return pd.concat(frames, ignore_index=True)
 
 
 class _NoProgress:

@@ -38,6 +38,10 @@ def sweep_cmd(
     res = sweep(scn, points, target, policies=policy or None, backend=backend, workers=workers,
                 ray_address=ray_address, progress=not quiet, plot=not no_plot)
     console.print(sweep_table(res.table, scn))
+    from sim.planning.crossing import speculation_crossings
+
+    for crossing in speculation_crossings(res.table, scn):  # speculative entries vs their baselines
+        console.print("speculation: " + crossing.sentence(), highlight=False)
     console.print(f"{res.ran} point(s) simulated, {res.skipped} already on disk; table: {target / 'sweep.parquet'}"
                   + (f"; plot: {res.plot}" if res.plot else ""), highlight=False)
 

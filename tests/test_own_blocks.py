@@ -165,3 +165,23 @@ def test_speculative_decoding_decides_the_same(monkeypatch):
     pd.testing.assert_frame_equal(fast.requests.drop(columns="token_times_s"),
                                   full.requests.drop(columns="token_times_s"), check_exact=True)
     assert fast.summaries == full.summaries
+
+
+@pytest.mark.parametrize("policy", ["vllm-v1", "sglang"])
+def test_multi_turn_sessions_decide_the_same(policy, monkeypatch):
+    """A session's next turn resends the previous turns' prompts and answers (their run keys):
+    those are shared with the next turn, only the last turn's answer is its own."""
+    import sim
+    from tests.test_sessions import scenario
+
+    data = scenario(count=12, turns=4, think=0.5, new=60, answer=40, system=64, groups=2,
+                    arrival={"process": "poisson", "rate": 4.0})
+    data["engine"] = {**data["engine"], "num_gpu_blocks": 90}  # small: preemptions and evictions
+    data["policies"] = [{"name": policy}]
+    fast = sim.run(data)
+    monkeypatch.setattr(engine, "shareable_tokens", withheld)
+    full = sim.run(data)
+    pd.testing.assert_frame_equal(fast.steps, full.steps, check_exact=True)
+    pd.testing.assert_frame_equal(fast.requests.drop(columns="token_times_s"),
+                                  full.requests.drop(columns="token_times_s"), check_exact=True)
+    assert fast.summaries == full.summaries

@@ -211,8 +211,9 @@ def end_report(requests: pd.DataFrame, end_s: float, capped: bool) -> dict:
     }
 
 
-def run(scenario, overrides=(), policies: list[str] | None = None, progress: bool = False) -> RunResult:
-    """Run every policy entry of a scenario (or only the given labels) on the same workload."""
+def run(scenario, overrides=(), policies: list[str] | None = None, progress=False) -> RunResult:
+    """Run every policy entry of a scenario (or only the given labels) on the same workload.
+    ``progress``: True shows a bar; a search passes its reporter (``sim.planning.progress``)."""
     scn = load_scenario(scenario, list(overrides))
     entries = [e for e in scn.policies if policies is None or (e.label or e.name) in policies]
     if policies is not None:
@@ -252,8 +253,8 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress: boo
             meta[label] = m
     return RunResult(
         scenario=scn,
-        requests=pd.concat(req_frames, ignore_index=True),
-        steps=pd.concat(step_frames, ignore_index=True),
+        requests=_concat(req_frames),
+        steps=_concat(step_frames),
         summaries=summaries,
         meta=meta,
     )
@@ -265,6 +266,14 @@ def workload_cuts(specs) -> dict[str, int]:
     from collections import Counter
 
     return dict(Counter(s.cut for s in specs if s.cut))
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The policies' frames one after another; one frame as it is (``pd.concat`` would copy every
+    column: the largest allocation of a long run, at its peak)."""
+    if len(frames) == 1:
+        return frames[0]
+    return pd.concat(frames, ignore_index=True)
 
 
 class _NoProgress:
@@ -318,5 +327,8 @@ class _RichProgress:
         self.pending = 0
 
 
-def _progress(enabled: bool, total: int):
+def _progress(enabled, total: int):
+    """True: this run's own bar; a search's reporter (``sim.planning.progress.Reporter``): its bar."""
+    if hasattr(enabled, "run_bar"):
+        return enabled.run_bar(total) or _NoProgress()
     return _RichProgress(total) if enabled else _NoProgress()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from policies.base import Request
 from sim.errors import TraceError
 from sim.workload.traces import _load_cached, detect_format, load_trace, read_trace
 
@@ -35,7 +36,9 @@ def test_azure_rows_become_requests(tmp_path):
     # no client limit in the trace: max_tokens is vLLM's fill-in, max_model_len (8192 here) - prompt
     assert [(s.prompt_tokens, s.output_tokens, s.max_tokens) for s in specs] == [
         (374, 44, 8192 - 374), (396, 109, 8192 - 396), (879, 31, 8192 - 879)]
-    assert specs[0].prompt_runs == ((("req", "r000000"), 374),)
+    # content of its own: left to Request's default run ("req", id), not stored per request
+    assert specs[0].prompt_runs is None
+    assert Request(specs[0].id, 0.0, 374, 44).prompt_runs == ((("req", "r000000"), 374),)
 
 
 def test_unsorted_rows_are_sorted_by_arrival(tmp_path):

@@ -175,7 +175,13 @@ def test_prefix_groups_share_their_first_tokens():
 
 def test_without_prefixes_every_prompt_is_unique():
     specs = build_workload(scenario({"num_requests": 5, "arrival": {"rate": 1.0}}))
-    assert all(s.prompt_runs == ((("req", s.id), s.prompt_tokens),) for s in specs)
+    # left to Request's default run ("req", id): each prompt its own from its first token
+    from policies.base import Request
+    from sim.workload.sharing import shareable_tokens
+
+    assert all(Request(s.id, 0.0, s.prompt_tokens, s.max_tokens, prompt_runs=s.prompt_runs).prompt_runs
+               == ((("req", s.id), s.prompt_tokens),) for s in specs)
+    assert shareable_tokens(specs) == [0] * 5
 
 
 # --- written-out requests ------------------------------------------------------------------------
@@ -229,7 +235,9 @@ def test_trace_lengths_resampled_under_synthetic_arrivals(tmp_path):
     pairs = {(s.prompt_tokens, s.output_tokens) for s in specs}
     assert pairs == {(10, 1), (20, 2), (30, 3), (40, 4), (50, 5)}, "whole rows are resampled"
     assert all(s.max_tokens == 8192 - s.prompt_tokens for s in specs)
-    assert len({s.prompt_runs for s in specs}) == 300, "resampled prompts get fresh content"
+    from sim.workload.sharing import shareable_tokens
+
+    assert shareable_tokens(specs) == [0] * 300, "resampled prompts get fresh content"
 
 
 def test_workload_stats_on_a_known_workload():

@@ -22,7 +22,9 @@ def plan_cmd(
     policy: shared.PolicyOpt = None,
     json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file"),
     set_: shared.SetOpt = None,
-    workers: int = shared.workers_option("planned"),
+    workers: int = typer.Option(None, "--workers", "-j", help="policies planned in parallel (default: "
+                                "min(policies, CPUs)); with --disaggregated, worker processes that run "
+                                "independent probes beside the search (default 2; 1: one process)"),
     backend: shared.BackendOpt = "local",
     ray_address: shared.RayAddressOpt = None,
     seeds: shared.SeedsOpt = 3,
@@ -50,12 +52,15 @@ def plan_cmd(
         if is_closed_loop(scn) or target_rate is None:
             raise CbsimError("--disaggregated plans an open-loop --target-rate; closed-loop clients "
                              "(workload.arrival.process: closed) are planned without --disaggregated")
-        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, seeds)
+        if seeds != 1:
+            console.print(f"[yellow]note:[/] --disaggregated judges every layout at the scenario's seed {scn.seed} "
+                          f"only; --seeds {seeds} applies to colocated plans", highlight=False)
+        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, workers)
         return
     closed = is_closed_loop(scn)
     load = (f"{target_concurrency or scn.workload.arrival.concurrency} closed-loop clients" if closed
             else f"{target_rate:g} req/s" if target_rate is not None else "?")
-    with console.status(f"planning for {load} ..."):
+    with shared.search_display(console, scn, policy, workers, backend, f"planning for {load}"):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
                      backend=backend, ray_address=ray_address, target_concurrency=target_concurrency,
                      seeds=seeds)

@@ -20,15 +20,17 @@ def parse_tp(text: str | None) -> list[int] | None:
 
 
 def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int, tp: str | None,
-                             policies, json_out, seeds: int = 1) -> None:
+                             policies, json_out, workers: int | None = None) -> None:
     from rich.table import Table
 
     from sim.cli import search_options as shared
-    from sim.planning.disagg_plan import plan_disaggregated
+    from sim.cli.search_progress import SearchProgress
+    from sim.planning.disagg_plan import DEFAULT_JOBS, plan_disaggregated
 
-    with console.status(f"planning xPyD splits for {target_rate:g} req/s ..."):
-        p = plan_disaggregated(scn, target_rate, tp_choices=parse_tp(tp), max_instances=max_replicas,
-                               policies=policies or None, seeds=seeds)
+    reporter = SearchProgress(console, f"planning xPyD splits for {target_rate:g} req/s")
+    p = plan_disaggregated(scn, target_rate, tp_choices=parse_tp(tp), max_instances=max_replicas,
+                           policies=policies or None, jobs=DEFAULT_JOBS if workers is None else workers,
+                           reporter=reporter)
     price = scn.cost_per_gpu_hour
     dis = scn.disaggregation
     gpu = {pool: str((getattr(dis, pool).hardware or scn.hardware).gpu) for pool in ("prefill", "decode")}
@@ -91,9 +93,6 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
         console.print(f"[yellow]note:[/] the verdict of {shaky} still changed between the two largest probe sizes "
                       "(up to 32 × workload.num_requests): uncertain there; raise workload.num_requests",
                       highlight=False)
-    if b is not None and b.spread:
-        console.print(f"{p.label} {b.prefill}P{b.decode}D: spread {shared.spread_text(b.spread)}; every layout judged "
-                      f"at {seeds} seeds and met only when every seed met", highlight=False, soft_wrap=True)
     console.print(f"{p.runs} runs; every layout shown was simulated at {target_rate:g} req/s and judged in steady state "
                   "(requests arriving after warm-up and before drain; probe sizes doubled from workload.num_requests "
                   "until two agree; a load at or above the layout's saturated throughput violates). GPUs = instances "

@@ -40,6 +40,7 @@ class RequestRecord:
         "_generated",
         "_preemptions",
         "_swaps",
+        "shareable",
         # speculative decoding: steps that verified drafts, drafts proposed and accepted, and the
         # request's own acceptance draws (sim.speculative.acceptance)
         "spec_steps",
@@ -66,6 +67,7 @@ class RequestRecord:
         self._generated = 0
         self._preemptions = 0
         self._swaps = 0
+        self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
         self.spec_steps = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
@@ -90,7 +92,7 @@ class RequestRecord:
         ``max_model_len`` (emitted tokens are ``num_output_tokens``: the engine is the only emitter)."""
         s = self.spec
         req = Request(s.id, s.arrival_s, s.prompt_tokens, s.max_tokens, s.priority, s.prompt_runs,
-                      s.output_key, seq=seq)
+                      s.output_key, seq=seq, shareable_tokens=self.shareable)
         self.req = req
         self.replica = replica
         self.steps = steps

@@ -94,15 +94,18 @@ def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT
     """The smallest replica count for one policy (see the module docstring); with ``seeds`` > 1 a
     count meets only when every seed meets."""
     from sim.planning.probe import judge_seeds, saturated_rate
+    from sim.planning.progress import point
 
-    saturated, _ = saturated_rate(scn, label)
+    with point(label):
+        saturated, _ = saturated_rate(scn, label)
     verdicts: dict = {}
     order: list[int] = []
 
     def met(n: int) -> bool:
         if n not in verdicts:
-            verdicts[n] = judge_seeds(scn, label, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
-                                      target_rate / n, saturated, seeds)
+            with point(f"{label}, {n} replica(s) at {target_rate:g} req/s"):
+                verdicts[n] = judge_seeds(scn, label, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
+                                          target_rate / n, saturated, seeds)
             order.append(n)
         return verdicts[n].met
 

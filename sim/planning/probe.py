@@ -126,6 +126,7 @@ def saturated_run(scn, label: str, overrides=()):
     request arriving at once on one replica, or on the whole topology of a disaggregated label
     (:func:`saturated_rate`; the quickstart's story also reads how full the batch and memory were
     while it ran)."""
+    from sim.planning.progress import probe
     from sim.runner import run
     from sim.scenario.schema import load_scenario
 
@@ -133,7 +134,8 @@ def saturated_run(scn, label: str, overrides=()):
     if not is_disaggregated(one, label):
         one = load_scenario(one, ["replicas.count=1"])
     n = burst_size(one, label)
-    res = run(one, [f"workload.num_requests={n}", f"workload.arrival.rate={BURST_RATE!r}"], policies=[label])
+    res = run(one, [f"workload.num_requests={n}", f"workload.arrival.rate={BURST_RATE!r}"], policies=[label],
+              progress=probe(f"saturation burst of {n:,} requests"))
     return res, n
 
 
@@ -151,6 +153,7 @@ def judge(scn, label: str, overrides, load_per_replica: float, saturated: float 
           max_growth: int = MAX_GROWTH, start: int | None = None) -> Verdict:
     """The verdict at ``overrides`` (the probe's rate, replica count, ...): rules 1-3 above."""
     from sim.metrics.steady import needed_scale
+    from sim.planning.progress import probe
     from sim.runner import run
     from sim.scenario.schema import load_scenario
 
@@ -159,11 +162,13 @@ def judge(scn, label: str, overrides, load_per_replica: float, saturated: float 
     base = load_scenario(scn, list(overrides))
     key, n0 = size_key(base)
     n0 = n0 or 1
+    what = "sessions" if key == "workload.sessions.count" else "requests"
     sizes: list[tuple[int, bool | None]] = []
     summary: dict = {}
     n, stable = (start if start and n0 <= start <= n0 * max_growth else n0), False
     while True:
-        result = run(base, [f"{key}={n}"], policies=[label])
+        result = run(base, [f"{key}={n}"], policies=[label],
+                     progress=probe(f"{n:,} {what}" + (f" (probe size {len(sizes) + 1})" if sizes else "")))
         summary = result.summaries[label]
         verdict = summary["steady"]["slo_met"]
         if verdict is not None and sizes and sizes[-1][1] == verdict:

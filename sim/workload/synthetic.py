@@ -187,7 +187,7 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
             if p > shared:
                 runs += ((("req", rid), p - shared),)
         else:
-            runs = ((("req", rid), p),)
+            runs = None  # the request's own content: Request's default (("req", id), prompt), kept implicit
         specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs,
                                  cut=PROMPT_CLIPPED if c_l[i] else ""))
     return specs
@@ -220,7 +220,7 @@ def _written_out(scenario: Scenario) -> list[RequestSpec]:
             raise ScenarioError(f"workload.requests.{i}: output_tokens ({r.output_tokens}) exceeds "
                                 f"workload.max_tokens ({max_tokens}); set the request's own max_tokens")
         specs.append(RequestSpec(rid, float(r.arrival_s), r.prompt_tokens, r.output_tokens, max_tokens,
-                                 r.priority, ((("req", rid), r.prompt_tokens),)))
+                                 r.priority))  # content of its own: Request's default run
     specs.sort(key=lambda s: s.arrival_s)  # stable: ties keep the listed order
     from dataclasses import replace
 

@@ -111,8 +111,8 @@ class Trace:
                                                  self.output_tokens.tolist(), limits.tolist(),
                                                  self.priority.tolist())):
             rid = f"r{i:0{width}d}"
-            specs.append(RequestSpec(rid, t, p, o, m, pr,
-                                     runs[i] if runs is not None else ((("req", rid), p),)))
+            # no hash ids: content of its own, Request's default run ("req", id), not stored per request
+            specs.append(RequestSpec(rid, t, p, o, m, pr, runs[i] if runs is not None else None))
         return specs
 
 

@@ -74,7 +74,8 @@ class LatencyModel:
         # it, so MFU means the same on every backend
         self._layer_flops_per_token = model.layer_flops_per_token(tensor_parallel)
         self._lm_head_flops = model.lm_head_flops(tensor_parallel)
-        self._attn_flops_per_pair = 4.0 * model.num_heads * model.head_dim / tensor_parallel * model.num_layers
+        self._attn_flops_per_pair = (model.attention_flops_per_pair(tensor_parallel) if getattr(model, "is_mla", False)
+                                     else 4.0 * model.num_heads * model.head_dim / tensor_parallel * model.num_layers)
         self._weight_bytes = model.weight_bytes(tensor_parallel)
         self._act_bytes_per_token = model.hidden_size * model.dtype_bytes * model.num_layers * 4
 

@@ -337,8 +337,9 @@ def sweep(scenario, points: Sequence[Point], out_dir, overrides: Iterable[str] =
                                  f"its policies are: {', '.join(labels)}")
     if any(p.rate is not None for p in points) and arrival_rate(base) is None:
         raise CbsimError("--rates sets workload.arrival.rate, but this scenario's workload has no arrival "
-                         "rate (a replayed trace or written-out workload.requests); use a synthetic arrival "
-                         "process, or --vary another field (e.g. workload.trace.rate_scale=1,2,4)")
+                         "rate (a replayed trace, written-out workload.requests or closed-loop clients); use a "
+                         "synthetic arrival process, or --vary another field (e.g. workload.trace.rate_scale=1,2,4 "
+                         "or workload.arrival.concurrency=8,16,32)")
     # resolve every point first: a bad --vary value fails before anything runs
     resolved = [load_scenario(base, list(p.overrides)) for p in points]
     keys = [point_key(s, policies) for s in resolved]
@@ -481,6 +482,10 @@ def plot_latency_vs_load(table: pd.DataFrame, slo=None, capacity: dict[str, floa
                 a.plot(grp["rate"], p99, "-o", color=color, ms=3.5, label=f"{label} p99")
                 a.plot(grp["rate"], steady_column(grp, f"{metric}.p50") * 1e3, "--", color=color, alpha=0.75,
                        label=f"{label} p50")
+                refused = grp["requests_refused"].fillna(0) > 0 if "requests_refused" in grp else None
+                if refused is not None and refused.any():  # the p99 of what was served hides the 429s
+                    a.plot(grp["rate"][refused], p99[refused], "X", color="crimson", ms=9, mec="black", mew=0.5,
+                           ls="none", label=f"{label}: refused requests (late in the verdict)")
                 if label in capacity:
                     cap = capacity[label]
                     a.axvline(cap, color=color, ls=":", lw=1.1)

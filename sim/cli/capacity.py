@@ -17,7 +17,8 @@ def capacity_cmd(
     scenario: shared.ScenarioArg,
     tolerance: float = typer.Option(0.02, "--tolerance", help="relative precision of the answer (0.02 = 2 %)"),
     policy: shared.PolicyOpt = None,
-    json_out: Path = typer.Option(None, "--json", help="also write the results (with every probe) to this JSON file"),
+    json_out: Path = typer.Option(None, "--json", help="also write the results (with every probe) to this JSON file "
+                                  "(- for stdout, the table then on stderr)"),
     set_: shared.SetOpt = None,
     workers: int = shared.workers_option("searched"),
     backend: shared.BackendOpt = "local",
@@ -25,12 +26,12 @@ def capacity_cmd(
 ):
     """Find each policy's capacity (and the disaggregated topology's): bracketing and bisection over the
     arrival rate, to --tolerance."""
-    from rich.console import Console
     from rich.table import Table
 
+    from sim.cli.output import console_for, show_table
     from sim.planning.capacity import capacity
 
-    console = Console()
+    console = console_for(shared.json_to_stdout(json_out))
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
     with console.status(f"searching capacity to ±{tolerance:.1%} ..."):
@@ -49,7 +50,7 @@ def capacity_cmd(
                   f"{r.goodput_rps:.4g}", _rate(r.saturated_rps), f"{r.violating_rate_rps:.4g}",
                   f"{r.probe_requests:,}", str(r.runs))
         notes += capacity_notes(label, r, tolerance)
-    console.print(t)
+    show_table(console, t)
     console.print(steady_rule_line(scn.workload.num_requests), highlight=False)
     if scn.replicas.count > 1 or any(r.disaggregated for r in results.values()):
         console.print("saturated: one replica's burst finish rate × replicas.count (colocated); the burst's finish "

@@ -27,6 +27,9 @@ from sim.cli import (  # noqa: F401
     validate,
 )
 from sim.cli.app import INTERRUPTED, INTERRUPTED_MESSAGE, app
+from sim.cli.help_text import escape_help
+
+escape_help(app)  # after every command registered: help renders as written, brackets included
 
 __all__ = ["INTERRUPTED", "INTERRUPTED_MESSAGE", "app", "main"]
 

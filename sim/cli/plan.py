@@ -16,7 +16,8 @@ def plan_cmd(
     target_rate: float = typer.Option(..., "--target-rate", "-r", help="peak arrival rate to serve (req/s)"),
     max_replicas: int = typer.Option(64, "--max-replicas", help="give up above this many replicas"),
     policy: shared.PolicyOpt = None,
-    json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file"),
+    json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file (- for stdout, "
+                                  "the table then on stderr)"),
     set_: shared.SetOpt = None,
     workers: int = shared.workers_option("planned"),
     backend: shared.BackendOpt = "local",
@@ -28,12 +29,12 @@ def plan_cmd(
                            "pool and the colocated layouts, e.g. 1,2,4 (default: as the scenario sets them)"),
 ):
     """Smallest number of replicas (with the scenario's router) meeting the SLO at --target-rate."""
-    from rich.console import Console
     from rich.table import Table
 
+    from sim.cli.output import console_for, show_table
     from sim.planning.plan import plan
 
-    console = Console()
+    console = console_for(shared.json_to_stdout(json_out))
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
     if disaggregated or tp is not None:
@@ -66,7 +67,7 @@ def plan_cmd(
             row += [f"{_num(p.offered_rps)} / {_num(p.achieved_rps)}", _num(s.get("ttft_s", {}).get("p99")),
                     _num(s.get("tpot_s", {}).get("p99"), 1e3)]
         t.add_row(*row, str(p.runs))
-    console.print(t)
+    show_table(console, t)
     for label, p in plans.items():
         sat = "not measurable" if p.saturated_rps is None else f"{p.saturated_rps:.4g} req/s"
         size = f"; verdict from runs of {p.probe_requests:,} requests" if p.probe_requests else ""

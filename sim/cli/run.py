@@ -131,14 +131,15 @@ def run_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved scenario and workload statistics; simulate nothing"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip writing PNG plots"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    json_: bool = typer.Option(False, "--json", help="print each policy's summary (summary.json's content) as JSON "
+                               "on stdout; the table and notes go to stderr"),
 ):
     """Simulate a scenario's policies on one workload; print a comparison table; write results."""
-    from rich.console import Console
-
+    from sim.cli.output import console_for, print_json, show_table
     from sim.runner import run
     from sim.scenario.schema import load_scenario
 
-    console = Console()
+    console = console_for(json_)
     scn = load_scenario(scenario, list(set_ or []))
     if dry_run:
         from sim.scenario.resolved import resolve
@@ -161,7 +162,7 @@ def run_cmd(
     result = run(scn, policies=policy or None, progress=not quiet)
     if not console.is_terminal:  # piped or logged: room for every policy's column, not 80 columns
         console.width = max(console.width, 40 + 18 * len(result.labels))
-    console.print(comparison_table(result))
+    show_table(console, comparison_table(result))
     for note in backlog_notes(result):
         console.print(f"[yellow]{note}[/]", highlight=False)
     from sim.planning import story
@@ -173,6 +174,9 @@ def run_cmd(
         for line in story.story(result, saturated):
             console.print(line, highlight=False)
     result.save(target, plots=not no_plots)
+    if json_:
+        print_json({"scenario": result.scenario.name, "results": str(target),
+                    "policies": {label: result.summaries[label] for label in result.labels}})
     shown = out or Path("results") / scn.name
     console.print(f"results: {shown}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"
                   f"{', plots' if not no_plots else ''})", highlight=False)

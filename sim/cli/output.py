@@ -55,12 +55,17 @@ def table_records(table) -> list[dict[str, str]]:
     return [dict(zip(headers, r)) for r in rows]
 
 
-def fits(console, table) -> bool:
-    """Whether the table, every cell on one line, fits the console's width."""
+def natural_width(console, table) -> int:
+    """The table's width with every cell on one line."""
     from rich.measure import Measurement
 
     wide = console.options.update(width=10**6, max_width=10**6)  # rich clamps a measure to the width it is given
-    return Measurement.get(console, wide, table).maximum <= console.width
+    return Measurement.get(console, wide, table).maximum
+
+
+def fits(console, table) -> bool:
+    """Whether the table, every cell on one line, fits the console's width."""
+    return natural_width(console, table) <= console.width
 
 
 def show_table(console, table, stacked: str = "block") -> None:

@@ -52,6 +52,8 @@ def comparison_table(result):
         ("steady state: offered / achieved (req/s)", _steady_rates),
         ("preemptions", lambda s: str(s["preemptions"])),
         ("recomputed tokens", lambda s: str(s.get("recomputed_tokens", 0))),
+        ("prompt tokens computed (prefill / prompt)", lambda s: _pct((s.get("prefix_reuse") or {}).get("computed_share"))),
+        ("prefix-cache hit rate", lambda s: _pct((s.get("prefix_reuse") or {}).get("hit_rate"))),
         ("swapped blocks", lambda s: str(s["swapped_blocks"])),
         ("steps", lambda s: str(s["steps"])),
     ]
@@ -135,7 +137,7 @@ def run_cmd(
                                "on stdout; the table and notes go to stderr"),
 ):
     """Simulate a scenario's policies on one workload; print a comparison table; write results."""
-    from sim.cli.output import console_for, print_json, show_table
+    from sim.cli.output import console_for, natural_width, print_json, show_table
     from sim.runner import run
     from sim.scenario.schema import load_scenario
 
@@ -160,9 +162,14 @@ def run_cmd(
 
     target = RunResult.check_target(out or Path("results") / scn.name)  # refuse before a long run
     result = run(scn, policies=policy or None, progress=not quiet)
-    if not console.is_terminal:  # piped or logged: room for every policy's column, not 80 columns
-        console.width = max(console.width, 40 + 18 * len(result.labels))
-    show_table(console, comparison_table(result))
+    import os
+
+    # piped or logged: room for every policy's column, not 80 columns (an explicit COLUMNS is obeyed:
+    # a table wider than it is stacked, sim.cli.output)
+    table = comparison_table(result)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = max(console.width, natural_width(console, table))
+    show_table(console, table)
     for note in backlog_notes(result):
         console.print(f"[yellow]{note}[/]", highlight=False)
     from sim.planning import story

@@ -38,12 +38,15 @@ STEP_COLUMNS = (
     "kv_reserved_tokens",
     "kv_used_tokens",
     "recomputed_tokens",  # of the step's tokens, KV computed again after a recompute preemption
+    "prefix_hit_tokens",  # prompt tokens the prefix cache served to the requests first admitted this step
     "flops",
     "bytes",
     "swap_s",  # of duration_s, the time charged for swapping KV blocks over PCIe
 )
 # columns a replica stores per step (``replica`` and ``step`` are added when frames are built)
 STORED_COLUMNS = STEP_COLUMNS[2:]
+# columns added after results folders were first written: a folder without them still loads
+ADDED_STEP_COLUMNS = ("prefix_hit_tokens",)
 _FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes", "swap_s")
 _MAYBE_INT = ("flops", "bytes")  # int64 in the frame if every value was an integer
 _EXACT_INT_FLOAT = 2**53
@@ -74,7 +77,7 @@ class ReplicaSteps:
         (after ``finish_step``)."""
         reserved, used = policy.kv_tokens_reserved_and_used()
         (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
-         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp) = self._append
+         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp, a_hit) = self._append
         a_start(start)
         a_dur(duration)
         a_run(policy.num_running)
@@ -95,6 +98,8 @@ class ReplicaSteps:
         a_res(reserved)
         a_used(used)
         a_recomp(recomputed)
+        hits = plan.prefix_hit_tokens
+        a_hit(sum(hits.values()) if hits else 0)
         self._add_maybe_int("flops", flops)
         self._add_maybe_int("bytes", bytes_)
         self.columns["swap_s"].append(swap_s)
@@ -122,7 +127,7 @@ class ReplicaSteps:
             cols[name].extend(array("q", (value,)) * k)
         zeros = array("q", (0,)) * k
         for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
-                     "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens"):
+                     "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens", "prefix_hit_tokens"):
             cols[name].extend(zeros)
         if finished:
             cols["finished"][-1] = finished

@@ -24,6 +24,7 @@ from sim.cli import (  # noqa: F401
     policies,
     run,
     sweep,
+    tables,
     validate,
 )
 from sim.cli.app import INTERRUPTED, INTERRUPTED_MESSAGE, app

@@ -47,6 +47,7 @@ from sim.metrics.recorder import (
     explain_unfinished,
 )
 from sim.routing import round_robin
+from sim.workload.closed_loop import ClosedLoop
 from sim.workload.request_spec import RequestSpec
 
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
@@ -101,6 +102,7 @@ class Replica:
         # when the step (or stretch) under way ends: sim.disaggregation bounds its decode pool's
         # fast-forward by its prefill instances' next step ends (nothing else reads it)
         self.busy_until = -math.inf
+        self.on_end: Callable[[RequestRecord], None] | None = None  # closed loop: frees the client (sim.clients)
         self.process = env.process(self.loop())
 
     def submit(self, rec: RequestRecord) -> None:
@@ -119,6 +121,8 @@ class Replica:
         self.outstanding -= 1
         if self.on_progress is not None:
             self.on_progress(1)
+        if self.on_end is not None:
+            self.on_end(rec)
 
     def loop(self):
         env, policy, records = self.env, self.policy, self.records
@@ -381,29 +385,52 @@ class Simulation:
     def __init__(self, specs: Sequence[RequestSpec], replicas: Sequence[tuple[Policy, LatencyModel]],
                  max_model_len: int, router: Router | None = None, horizon_s: float | None = None,
                  on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
-                 horizon_reason: str = HORIZON_REACHED):
+                 horizon_reason: str = HORIZON_REACHED, clients: ClosedLoop | None = None,
+                 drain_s: float | None = None, cap_reason: Callable[[float], str] | None = None):
+        """``clients``: closed-loop clients send the specs (in order) instead of their arrival
+        times (:mod:`sim.clients`); without ``horizon_s`` time then stops ``drain_s`` after the last
+        send at the latest (the requests left get ``cap_reason(cap)``)."""
         self.env = simpy.Environment()
         self.specs = specs
         self.recorder = Recorder()
         self.horizon_s = horizon_s
         self.horizon_reason = horizon_reason  # why requests still held at horizon_s are unfinished
+        self.cap_reason = cap_reason
         self.next_arrival_at = math.inf  # event time of the next arrival not yet handed out
         if fast_forward is None:
             fast_forward = fast_forward_default()
         self.fast_forward = fast_forward
-        self.replicas = [
-            Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress, self, fast_forward)
-            for i, (pol, lat) in enumerate(replicas)
-        ]
-        self.router = router or round_robin()
         self.records = [RequestRecord(s) for s in specs]
         for rec in self.records:
             self.recorder.add_request(rec)
-        self.env.process(self.arrivals())
+        self.clients = None
+        if clients is not None:
+            from sim.clients import ClientClock, Clients, stamp_record
+
+            self.clients = Clients(self.env, clients, self.records, stamp_record, self._route, self._arrivals_over,
+                                   drain_s if horizon_s is None else None)
+            clocks = [ClientClock(self, self.clients, lambda: self.replicas, i) for i in range(len(replicas))]
+        else:
+            clocks = [self] * len(replicas)
+        self.replicas = [
+            Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress, clocks[i], fast_forward)
+            for i, (pol, lat) in enumerate(replicas)
+        ]
+        if self.clients is not None:
+            for rep in self.replicas:
+                rep.on_end = self.clients.freed
+            if self.clients.sent == self.clients.n:  # nothing to send at all
+                self._arrivals_over()
+        self.router = router or round_robin()
+        if self.clients is None:
+            self.env.process(self.arrivals())
 
     def arrivals(self):
         yield from arrivals_on_the_clock(self.env, self, self.records, self._route)
-        for rep in self.replicas:
+        self._arrivals_over()
+
+    def _arrivals_over(self) -> None:
+        for rep in getattr(self, "replicas", ()):  # closed loop with no requests: before the replicas exist
             rep.arrivals_done = True
             rep._kick()
 
@@ -415,5 +442,15 @@ class Simulation:
             self.env.run(until=self.horizon_s)
         else:
             self.env.run()
-        explain_unfinished(self.records, self.horizon_s, self.horizon_reason)
+        stop = self.clients.stopped_at if self.clients is not None else None
+        if stop is not None:  # the closed loop's moving time cap (sim.clients)
+            reason = self.cap_reason(stop) if self.cap_reason is not None else self.horizon_reason
+            explain_unfinished(self.records, stop, reason)
+        else:
+            explain_unfinished(self.records, self.horizon_s, self.horizon_reason)
         return self.recorder
+
+    @property
+    def end_s(self) -> float | None:
+        """Where a closed loop's time cap stopped the run (None: it did not)."""
+        return self.clients.stopped_at if self.clients is not None else None

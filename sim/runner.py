@@ -29,6 +29,7 @@ from sim.results import RunResult
 from sim.routing import make_router
 from sim.scenario.resolved import Deployment, resolve
 from sim.scenario.schema import Scenario, load_scenario
+from sim.workload.closed_loop import closed_loop
 from sim.workload.synthetic import build_workload
 
 
@@ -46,10 +47,14 @@ def policy_knobs(scn: Scenario, entry) -> dict:
 DEFAULT_DRAIN_S = 3600.0
 
 
-def time_limit(scn: Scenario, specs) -> tuple[float, bool]:
-    """(where simulated time stops, whether that is the default cap rather than ``horizon_s``)."""
+def time_limit(scn: Scenario, specs) -> tuple[float | None, bool]:
+    """(where simulated time stops, whether that is the default cap rather than ``horizon_s``).
+    Closed-loop clients (no arrival times before the run) without ``horizon_s``: (None, True), the
+    cap moving with the sends during the run (:mod:`sim.clients`)."""
     if scn.horizon_s is not None:
         return float(scn.horizon_s), False
+    if closed_loop(scn, len(specs)) is not None:
+        return None, True
     if not specs:
         return DEFAULT_DRAIN_S, True
     first = min(s.arrival_s for s in specs)
@@ -88,8 +93,11 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
-                     horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
+                     horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
+                     clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason)
     recorder = sim.run()
+    if end_s is None:  # closed loop: where the moving cap stopped it, if it did
+        end_s = sim.end_s
     requests = recorder.requests_frame()
     steps = recorder.steps_frame()
     pol = replicas[0][0]
@@ -147,9 +155,12 @@ def run_disaggregation(scn: Scenario, specs, on_progress: Callable[[int], None] 
     from sim.disaggregation.run import run_disaggregated
 
     end_s, capped = time_limit(scn, specs)
-    requests, steps, summary, meta, _ = run_disaggregated(
+    requests, steps, summary, meta, top = run_disaggregated(
         scn, specs, knobs_of=policy_knobs, end_s=end_s, on_progress=on_progress,
-        horizon_reason=cap_reason(end_s) if capped else HORIZON_REACHED)
+        horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
+        clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason)
+    if end_s is None:
+        end_s = top.end_s
     summary.update(end_report(requests, end_s, capped))
     return requests, steps, summary, meta
 

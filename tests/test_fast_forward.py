@@ -70,12 +70,12 @@ def latency(kind: str, block_size: int):
 
 
 def simulate(name, specs, limits, lat="roofline", replicas=1, horizon_s=None, fast_forward=True, router=None,
-             **knobs):
+             clients=None, drain_s=None, **knobs):
     from sim.routing import make_router
 
     pairs = [(make_policy(name, limits, **knobs), latency(lat, limits.block_size)) for _ in range(replicas)]
     sim = Simulation(specs, pairs, limits.max_model_len, horizon_s=horizon_s, fast_forward=fast_forward,
-                     router=make_router(router) if router else None)
+                     router=make_router(router) if router else None, clients=clients, drain_s=drain_s)
     rec = sim.run()
     requests, steps = rec.requests_frame(), rec.steps_frame()
     pol = pairs[0][0]
@@ -157,6 +157,72 @@ def test_vllm_v1_fast_forward_is_exact(case):
     assert off[3] == 0
     assert_same_run(on, off)
     assert len(on[1]) > on[3]  # some steps were still taken one by one
+
+
+def clients(concurrency: int, n: int, think: float | str = 0.0, ramp_s: float = 0.0, seed: int = 0):
+    """Closed-loop clients (sim.workload.closed_loop): fixed or exponential think times."""
+    from sim.workload.closed_loop import ClosedLoop
+
+    rng = np.random.default_rng(seed)
+    thinks = rng.exponential(0.3, n) if think == "exp" else np.full(n, float(think))
+    first = tuple(c * ramp_s / concurrency for c in range(min(concurrency, n)))
+    return ClosedLoop(concurrency, first, thinks)
+
+
+CLOSED_CASES = {
+    # name: (specs, limits, simulate kwargs): the next arrival depends on a finish (sim.clients)
+    "closed": (lambda: workload(20), LIMITS, {"clients": clients(12, 120)}),
+    "closed-think": (lambda: workload(21), LIMITS, {"clients": clients(16, 120, think="exp", seed=1)}),
+    "closed-ramp-fixed-think": (lambda: workload(22), LIMITS, {"clients": clients(10, 120, 0.05, ramp_s=1.0)}),
+    "closed-pressure": (lambda: workload(23, max_prompt=300, max_out=250), TIGHT, {"clients": clients(24, 120)}),
+    "closed-prefix-caching": (lambda: workload(24, groups=3, prefix_len=200), LIMITS,
+                              {"clients": clients(12, 120), "enable_prefix_caching": True}),
+    "closed-constant-ties": (lambda: workload(25), LIMITS, {"clients": clients(8, 120, 0.25), "lat": "constant"}),
+    "closed-replicas": (lambda: workload(26, n=200), LIMITS, {"clients": clients(30, 200), "replicas": 3}),
+    "closed-replicas-think": (lambda: workload(27, n=200), LIMITS,
+                              {"clients": clients(30, 200, think="exp", seed=2), "replicas": 3,
+                               "router": "least-outstanding"}),
+    "closed-replicas-least-kv": (lambda: workload(28, n=200), TIGHT,
+                                 {"clients": clients(20, 200), "replicas": 2, "router": "least-kv"}),
+    "closed-horizon": (lambda: workload(29, n=200), LIMITS, {"clients": clients(16, 200), "horizon_s": 2.5}),
+    # the moving time cap: each send moves it, it stops the run after a send that did not come
+    "closed-cap": (lambda: workload(30, n=200), LIMITS, {"clients": clients(2, 200, think=0.1), "drain_s": 0.6}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLOSED_CASES))
+def test_closed_loop_fast_forward_is_exact(case):
+    make_specs, limits, kw = CLOSED_CASES[case]
+    specs = make_specs()
+    on = simulate("vllm-v1", specs, limits, fast_forward=True, **kw)
+    off = simulate("vllm-v1", specs, limits, fast_forward=False, **kw)
+    assert on[3] > 0, "the workload never fast-forwarded: the comparison would prove nothing"
+    assert_same_run(on, off)
+    assert on[0]["client"].max() == min(kw["clients"].concurrency, len(specs)) - 1
+
+
+def test_closed_loop_cases_exercise_what_they_claim():
+    def run(case):
+        make_specs, limits, kw = CLOSED_CASES[case]
+        return simulate("vllm-v1", make_specs(), limits, **kw)
+
+    assert run("closed-pressure")[0]["preemptions"].sum() > 0
+    requests, *_ = run("closed-cap")
+    done = requests["state"] == "finished"
+    assert done.sum() >= 3 and (requests.loc[~done, "reason"] == "horizon reached").all()
+    requests, *_ = run("closed-horizon")
+    assert (requests["reason"] == "horizon reached").any()
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_runs_a_closed_loop_the_same_with_fast_forward_on_and_off(name):
+    specs = workload(31, n=80, max_prompt=300, max_out=150)
+    limits = EngineLimits(block_size=16, num_gpu_blocks=400, num_cpu_blocks=200, max_num_seqs=16,
+                          max_num_batched_tokens=512, max_model_len=1024)
+    on = simulate(name, specs, limits, fast_forward=True, clients=clients(12, 80, think="exp"))
+    off = simulate(name, specs, limits, fast_forward=False, clients=clients(12, 80, think="exp"))
+    assert_same_run(on, off)
+    assert on[0]["arrival_s"].notna().all() and on[0]["client"].nunique() == 12
 
 
 def test_the_cases_exercise_what_they_claim():

@@ -64,7 +64,8 @@ def pipeline(source) -> str:
         specs = build_workload(scn)
         dep = resolve(scn)
         head = specs[:SIM_REQUESTS]
-        end = (head[-1].arrival_s if head else 0.0) + SIM_HORIZON_S
+        last = max((s.arrival_s for s in head if s.arrival_s == s.arrival_s), default=0.0)  # closed loop: NaN
+        end = last + SIM_HORIZON_S
         scn.horizon_s = min(scn.horizon_s or end, end)
         for entry in scn.policies:
             requests, _, summary, _ = run_policy(dep, entry, head)

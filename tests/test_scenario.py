@@ -217,7 +217,7 @@ def test_bad_values():
     assert _error(_minimal(hardware={"gpu_memory_utilization": 1.5})) == \
         "hardware.gpu_memory_utilization: must be <= 1.0, got 1.5"
     msg = _error(_minimal(workload={"num_requests": 1, "arrival": {"process": "poison", "rate": 1.0}}))
-    assert msg == ("workload.arrival.process: expected one of poisson, gamma, constant, trace, got 'poison' "
+    assert msg == ("workload.arrival.process: expected one of poisson, gamma, constant, trace, closed, got 'poison' "
                    "(did you mean 'poisson'?)")
     assert _error(_minimal(model="llama3-8b")).startswith("model: unknown model 'llama3-8b' (did you mean 'llama-3-8b'?)")
     assert _error(_minimal(hardware={"gpu": "h300"})).startswith("hardware.gpu: unknown gpu 'h300' (did you mean 'h200'?)")

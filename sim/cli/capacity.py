@@ -41,6 +41,9 @@ def capacity_cmd(
     bounds = ", ".join(f"{k.removesuffix('_s').upper()} ≤ {getattr(slo, k):g} s"
                        for k in ("ttft_s", "tpot_s", "e2e_s") if getattr(slo, k) is not None)
     t = Table(title=f"{scn.name}: steady-state capacity under p{slo.percentile:g} {bounds}", header_style="bold")
+    if any(r.concurrency is not None for r in results.values()):
+        _closed_loop_table(console, t, scn, results, json_out, tolerance)
+        return
     for c in ("policy", "GPUs", "max rate (req/s)", "offered / achieved there", "goodput there (req/s)",
               "saturated (req/s)", f"violated at +{tolerance:.0%}", "probe requests", "runs"):
         t.add_column(c, justify="left" if c == "policy" else "right")
@@ -86,3 +89,26 @@ def capacity_notes(label: str, r, tolerance: float) -> list[str]:
                      f"(up to 32 × workload.num_requests): the answer is uncertain near there; raise "
                      f"workload.num_requests")
     return notes
+
+
+def _closed_loop_table(console, t, scn, results, json_out, tolerance: float) -> None:
+    """Closed-loop clients: the highest concurrency meeting the SLO (sim.planning.concurrency)."""
+    for c in ("policy", "GPUs", "max concurrency", "violated at", "throughput there (req/s)",
+              "goodput there (req/s)", "probe requests", "runs"):
+        t.add_column(c, justify="left" if c == "policy" else "right")
+    notes = []
+    for label, r in results.items():
+        t.add_row(f"{label} (disaggregated)" if r.disaggregated else label, "-" if r.gpus is None else str(r.gpus),
+                  str(r.concurrency), str(r.violating_concurrency), _rate(r.achieved_rps or r.throughput_rps),
+                  f"{r.goodput_rps:.4g}", f"{r.probe_requests:,}", str(r.runs))
+        if not r.stable:
+            notes.append(f"{label}: the verdict at {', '.join(f'{x:g}' for x in r.unstable_rates)} clients still "
+                         f"changed between the two largest probe sizes: raise workload.num_requests")
+    console.print(t)
+    console.print("closed loop: each probe runs workload.arrival.concurrency clients (at least 8 requests each), "
+                  "judged on its steady window (warm-up and drain left out); the search doubles or halves the "
+                  f"concurrency, then bisects to ±{tolerance:.0%} (at least one client)", highlight=False)
+    for n in notes:
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
+    shared.write_json(console, json_out, {"scenario": scn.name, "tolerance": tolerance,
+                                          "policies": {k: v.to_dict() for k, v in results.items()}})

@@ -13,7 +13,11 @@ from sim.cli.app import app
 @app.command("plan")
 def plan_cmd(
     scenario: shared.ScenarioArg,
-    target_rate: float = typer.Option(..., "--target-rate", "-r", help="peak arrival rate to serve (req/s)"),
+    target_rate: float = typer.Option(None, "--target-rate", "-r", help="peak arrival rate to serve (req/s); "
+                                      "required unless the scenario's clients are closed-loop"),
+    target_concurrency: int = typer.Option(None, "--target-concurrency", help="closed-loop clients to serve "
+                                           "(workload.arrival.process: closed); default: "
+                                           "workload.arrival.concurrency"),
     max_replicas: int = typer.Option(64, "--max-replicas", help="give up above this many replicas"),
     policy: shared.PolicyOpt = None,
     json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file (- for stdout, "
@@ -37,16 +41,25 @@ def plan_cmd(
     console = console_for(shared.json_to_stdout(json_out))
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
+    from sim.planning.capacity import is_closed_loop
+
     if disaggregated or tp is not None:
         from sim.cli.plan_disaggregated import print_disaggregated_plan
+        from sim.errors import CbsimError
 
+        if is_closed_loop(scn) or target_rate is None:
+            raise CbsimError("--disaggregated plans an open-loop --target-rate; closed-loop clients "
+                             "(workload.arrival.process: closed) are planned without --disaggregated")
         print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out)
         return
-    with console.status(f"planning for {target_rate:g} req/s ..."):
+    closed = is_closed_loop(scn)
+    load = (f"{target_concurrency or scn.workload.arrival.concurrency} closed-loop clients" if closed
+            else f"{target_rate:g} req/s" if target_rate is not None else "?")
+    with console.status(f"planning for {load} ..."):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
-                     backend=backend, ray_address=ray_address)
+                     backend=backend, ray_address=ray_address, target_concurrency=target_concurrency)
     price = scn.cost_per_gpu_hour
-    t = Table(title=f"{scn.name}: {target_rate:g} req/s on {scn.hardware.gpu} "
+    t = Table(title=f"{scn.name}: {load} on {scn.hardware.gpu} "
                     f"({scn.hardware.count} GPU(s) per replica, router {scn.replicas.router})",
               header_style="bold")
     cols = ["policy", "replicas", "GPUs", "GPU-h per h"]
@@ -69,6 +82,10 @@ def plan_cmd(
         t.add_row(*row, str(p.runs))
     show_table(console, t)
     for label, p in plans.items():
+        if closed:
+            console.print(f"{label}: closed loop, served at {_num(p.achieved_rps)} req/s (steady finish rate; the "
+                          f"cost figures use it)", highlight=False)
+            continue
         sat = "not measurable" if p.saturated_rps is None else f"{p.saturated_rps:.4g} req/s"
         size = f"; verdict from runs of {p.probe_requests:,} requests" if p.probe_requests else ""
         console.print(f"{label}: saturated throughput per replica {sat}{size}", highlight=False)
@@ -77,10 +94,11 @@ def plan_cmd(
     console.print(f"replicas = fewest meeting the SLO in steady state (one fewer violates it: simulated, or each replica "
                   f"would get more than its saturated throughput). Latencies and offered/achieved rates: requests "
                   f"arriving after warm-up and before drain. GPUs = replicas × hardware.count; cost = GPUs × "
-                  f"cost_per_gpu_hour for each hour at {target_rate:g} req/s"
+                  f"cost_per_gpu_hour for each hour at {load}"
                   + ("" if price is not None else " (set cost_per_gpu_hour for money figures)"), highlight=False,
                   soft_wrap=True)
     shared.write_json(console, json_out, {"scenario": scn.name, "target_rate_rps": target_rate,
+                                          "target_concurrency": plans and next(iter(plans.values())).target_concurrency,
                                           "policies": {k: v.to_dict() for k, v in plans.items()}})
 
 

@@ -89,12 +89,15 @@ def request_rows(top) -> tuple[pd.DataFrame, list[np.ndarray]]:
         cols["reason"].append(reason)
         cols["preemptions"].append(p.preemptions + (d.preemptions if landed else 0))
         cols["swaps"].append(p.swaps + (d.swaps if landed else 0))
+        cols["client"].append(spec.client)
+        cols["session"].append(spec.session)
+        cols["turn"].append(spec.turn)
         cols["prefill_replica"].append(h.prefill_replica)
         cols["transfer_s"].append(h.landed_s - h.prefilled_s)
         times.append(tt)
     frame = pd.DataFrame(cols)
     for c in ("replica", "prompt_tokens", "output_tokens", "max_tokens", "generated", "preemptions", "swaps",
-              "prefill_replica"):
+              "client", "session", "turn", "prefill_replica"):
         frame[c] = frame[c].astype(np.int64)
     for c in ("arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "transfer_s"):
         frame[c] = frame[c].astype(np.float64)

@@ -84,7 +84,8 @@ def resolve_pool(scn: Scenario, name: str, knobs_of: Callable) -> PoolDeployment
 
 def run_disaggregated(scn: Scenario, specs, *, knobs_of: Callable, end_s: float | None,
                       horizon_reason: str = HORIZON_REACHED, on_progress: Callable[[int], None] | None = None,
-                      fast_forward: bool | None = None):
+                      fast_forward: bool | None = None, clients=None, drain_s: float | None = None,
+                      cap_reason: Callable[[float], str] | None = None):
     """Simulate the scenario's disaggregated deployment on ``specs`` until ``end_s``; returns
     (requests, steps, summary, meta, simulation). The runner adds how the run ended."""
     dis = scn.disaggregation
@@ -94,7 +95,8 @@ def run_disaggregated(scn: Scenario, specs, *, knobs_of: Callable, end_s: float 
     top = DisaggregatedSimulation(specs, prefill.build(), decode.build(), link,
                                   prefill.dep.model.kv_bytes_per_token(), router=dis.router, horizon_s=end_s,
                                   on_progress=on_progress, fast_forward=fast_forward,
-                                  horizon_reason=horizon_reason).run()
+                                  horizon_reason=horizon_reason, clients=clients, drain_s=drain_s,
+                                  cap_reason=cap_reason).run()
     requests, times = request_rows(top)
     steps = steps_frame(top)
     summary = summarize_disaggregated(top, requests, steps, times, prefill, decode, scn.slo)

@@ -134,11 +134,15 @@ class DisaggregatedSimulation:
     def __init__(self, specs, prefill: Pool, decode: Pool, link: Link, kv_bytes_per_token: int,
                  router: str = "least-outstanding", horizon_s: float | None = None,
                  on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
-                 horizon_reason: str = HORIZON_REACHED):
+                 horizon_reason: str = HORIZON_REACHED, clients=None, drain_s: float | None = None,
+                 cap_reason: Callable[[float], str] | None = None):
+        """``clients`` (a :class:`sim.workload.closed_loop.ClosedLoop`): closed-loop clients send
+        the requests, as in :class:`sim.engine.Simulation`."""
         self.env = env = simpy.Environment()
         self.recorder = Recorder()
         self.horizon_s = horizon_s
         self.horizon_reason = horizon_reason
+        self.cap_reason = cap_reason
         self.next_arrival_at = math.inf
         if fast_forward is None:
             fast_forward = fast_forward_default()
@@ -155,31 +159,61 @@ class DisaggregatedSimulation:
         self.arrivals_over = False
         self.pins = [0] * len(prefill.instances)  # transfers holding blocks, per prefill instance
         n_prefill = len(prefill.instances)
+        self.clients = None
+        prefill_clocks, decode_clocks = [self] * n_prefill, [DecodeClock(self)] * len(decode.instances)
+        if clients is not None:  # every instance's fast-forward also bounded by the clients' sends
+            from sim.clients import ClientClock, Clients
+
+            self.clients = Clients(env, clients, self.handoffs, stamp_handoff, self._to_prefill,
+                                   self._arrivals_over, drain_s if horizon_s is None else None)
+
+            def everyone():
+                return [*self.prefill, *self.decode]
+
+            prefill_clocks = [ClientClock(self, self.clients, everyone, i) for i in range(n_prefill)]
+            decode_clocks = [ClientClock(decode_clocks[0], self.clients, everyone, n_prefill + j)
+                             for j in range(len(decode.instances))]
         self.prefill: list[PrefillReplica] = []
         for i, (pol, lat) in enumerate(prefill.instances):
             hooked = HandOffPolicy(pol, on_finished=lambda reqs, i=i: self._prefilled(i, reqs))
             self.prefill.append(PrefillReplica(self, env, i, hooked, lat, self.recorder, prefill.max_model_len,
-                                               on_progress, self, fast_forward))
-        clock = DecodeClock(self)
+                                               on_progress, prefill_clocks[i], fast_forward))
         self.decode: list[DecodeReplica] = []
         for j, (pol, lat) in enumerate(decode.instances):
             hooked = HandOffPolicy(pol, after_step=lambda finished, j=j: self._open_room(j))
             self.decode.append(DecodeReplica(self, env, n_prefill + j, hooked, lat, self.recorder,
-                                             decode.max_model_len, on_progress, clock, fast_forward))
+                                             decode.max_model_len, on_progress, decode_clocks[j], fast_forward))
+        if self.clients is not None:
+            for rep in (*self.prefill, *self.decode):
+                rep.on_end = self._ended
         self.promised = [0] * len(self.decode)  # blocks promised to transfers under way, per decode instance
         self.waiting_room: list[list[tuple[Handoff, simpy.Event]]] = [[] for _ in self.decode]
         self.links: dict[object, simpy.Resource] = {}
         self.prefill_router = make_router(router)
         self.decode_router = make_router(router)
-        env.process(self.arrivals())
+        if self.clients is None:
+            env.process(self.arrivals())
+        elif self.clients.sent == self.clients.n:
+            self._arrivals_over()
         env.process(self._close_decode_pool())
 
     # --- processes --------------------------------------------------------------------------------
     def arrivals(self):
         yield from arrivals_on_the_clock(self.env, self, self.handoffs, self._to_prefill)
+        self._arrivals_over()
+
+    def _arrivals_over(self) -> None:
         self.arrivals_over = True
-        for i in range(len(self.prefill)):
+        for i in range(len(getattr(self, "prefill", ()))):
             self._prefill_may_stop(i)
+
+    def _ended(self, rec) -> None:
+        """An instance ended a record: the request's end (frees its closed-loop client) unless it is
+        a prefill record handed off to the decode pool."""
+        h = self.by_id[rec.spec.id]
+        if rec is h.prefill and h.handed_off and rec.state == "finished":
+            return
+        self.clients.freed(h.decode)
 
     def _to_prefill(self, h: Handoff) -> None:
         h.prefill_replica = self.prefill_router(h.spec, self.prefill)
@@ -291,5 +325,24 @@ class DisaggregatedSimulation:
         else:
             self.env.run()
         records = [h.prefill for h in self.handoffs] + [h.decode for h in self.handoffs if h.landed_s == h.landed_s]
-        explain_unfinished(records, self.horizon_s, self.horizon_reason)
+        stop = self.end_s
+        if stop is not None:  # the closed loop's moving time cap (sim.clients)
+            reason = self.cap_reason(stop) if self.cap_reason is not None else self.horizon_reason
+            self.horizon_reason = reason  # request_rows reads it for transfers cut short
+            explain_unfinished(records, stop, reason)
+        else:
+            explain_unfinished(records, self.horizon_s, self.horizon_reason)
         return self
+
+    @property
+    def end_s(self) -> float | None:
+        """Where a closed loop's time cap stopped the run (None: it did not)."""
+        return self.clients.stopped_at if self.clients is not None else None
+
+
+def stamp_handoff(h: Handoff, t: float, client: int) -> None:
+    """A disaggregated run's item: the request's spec, on both of its records, gets its send time
+    and client."""
+    h.spec = replace(h.spec, arrival_s=t, client=client)
+    h.prefill.spec = replace(h.prefill.spec, arrival_s=t, client=client)
+    h.decode.spec = h.spec

@@ -48,7 +48,7 @@ __all__ = [
 REQUEST_COLUMNS = (
     "id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "generated",
     "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "state", "reason",
-    "preemptions", "swaps", "token_times_s",
+    "preemptions", "swaps", "client", "session", "turn", "token_times_s",
 )
 
 TOKEN_TIMES_LIMIT = 20_000_000  # tokens (160 MB of times); beyond this, token_times_s stays out of memory
@@ -125,6 +125,10 @@ class Recorder:
             "reason": [r.reason for r in recs],
             "preemptions": np.fromiter((r.preemptions for r in recs), dtype=np.int64, count=len(recs)),
             "swaps": np.fromiter((r.swaps for r in recs), dtype=np.int64, count=len(recs)),
+            # closed loop: the client that sent it; sessions: session and turn (-1: none)
+            "client": np.fromiter((r.spec.client for r in recs), dtype=np.int64, count=len(recs)),
+            "session": np.fromiter((r.spec.session for r in recs), dtype=np.int64, count=len(recs)),
+            "turn": np.fromiter((r.spec.turn for r in recs), dtype=np.int64, count=len(recs)),
         }
         columns = list(REQUEST_COLUMNS)
         if token_times:

@@ -1,6 +1,8 @@
 """Capacity: per policy, the highest arrival rate at which the server still meets the SLO *in
 steady state*; and the same for the scenario's disaggregated entry (``disaggregation.label``,
-e.g. ``1P2D``), the whole topology searched as one unit.
+e.g. ``1P2D``), the whole topology searched as one unit. Closed-loop clients
+(``workload.arrival.process: closed``) have no rate to vary: their capacity is the highest
+*concurrency* meeting the SLO (:mod:`sim.planning.concurrency`).
 
 "Meets the SLO" is the run-level test of DESIGN.md (the SLO's percentile, default p99, of each
 bounded metric within its bound, unfinished requests counted as infinitely late), applied to the
@@ -73,6 +75,10 @@ class Capacity:
     disaggregated: bool = False  # the scenario's disaggregated entry, searched as one topology
     gpus: int | None = None  # GPUs the searched layout runs on (all replicas, or both pools)
     summary: dict = field(default_factory=dict, repr=False)  # the run at rate_rps
+    # closed-loop clients (sim.planning.concurrency): the highest concurrency meeting the SLO, the
+    # lowest found to violate it; rate_rps is then the steady finish rate of the run there
+    concurrency: int | None = None
+    violating_concurrency: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -88,6 +94,11 @@ def require_slo(scn, what: str = "capacity") -> None:
     if not has_slo(scn.slo):
         raise CbsimError(f"{what} needs an SLO: add slo: {{ttft_s: ..., tpot_s: ..., percentile: 99}} to "
                          f"the scenario (or --set slo.ttft_s=2.0)")
+
+
+def is_closed_loop(scn) -> bool:
+    """Whether the scenario's load is closed-loop clients (searched by concurrency, not rate)."""
+    return scn.workload.requests is None and scn.workload.arrival.process == "closed"
 
 
 def require_rate(scn, what: str = "capacity") -> float:
@@ -172,6 +183,10 @@ def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Ca
     if not 0 < tolerance < 1:
         raise CbsimError(f"--tolerance must be between 0 and 1 (a fraction: 0.02 is 2 %), got {tolerance}")
     require_slo(scn)
+    if is_closed_loop(scn):
+        from sim.planning.concurrency import search_concurrency
+
+        return Capacity(**search_concurrency(scn, label, tolerance))
     start = require_rate(scn)
     disaggregated = is_disaggregated(scn, label)
     units = 1 if disaggregated else scn.replicas.count  # what saturates at the burst's rate
@@ -255,7 +270,8 @@ def capacity(scenario, overrides: Iterable[str] = (), policies: Iterable[str] | 
 
     scn = load_scenario(scenario, list(overrides))
     require_slo(scn)
-    require_rate(scn)
+    if not is_closed_loop(scn):
+        require_rate(scn)
     if not 0 < tolerance < 1:
         raise CbsimError(f"--tolerance must be between 0 and 1 (a fraction: 0.02 is 2 %), got {tolerance}")
     labels = labels_of(scn, policies, disaggregated=True)

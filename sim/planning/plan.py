@@ -56,6 +56,9 @@ class Plan:
     unstable_counts: list[int] = field(default_factory=list)
     probes: list[tuple[int, bool]] = field(default_factory=list)  # (replicas, met), in probe order
     summary: dict = field(default_factory=dict, repr=False)  # the run with `replicas` replicas
+    # closed-loop clients: the concurrency planned for (target_rate_rps is then the steady finish
+    # rate of the run with `replicas`, which the cost figures use)
+    target_concurrency: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -111,26 +114,81 @@ def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT
     )
 
 
-def plan(scenario, target_rate: float, overrides: Iterable[str] = (), policies: Iterable[str] | None = None,
+def plan_closed_loop(scn, label: str, concurrency: int, max_replicas: int = DEFAULT_MAX_REPLICAS) -> Plan:
+    """The smallest replica count whose run with ``concurrency`` closed-loop clients meets the SLO
+    in steady state (:mod:`sim.planning.concurrency`: no saturation shortcut, the clients pace
+    themselves); the cost figures use that run's steady finish rate."""
+    from sim.planning.concurrency import probe_overrides
+    from sim.planning.probe import judge
+
+    verdicts: dict = {}
+    order: list[int] = []
+
+    def met(n: int) -> bool:
+        if n not in verdicts:
+            verdicts[n] = judge(scn, label, probe_overrides(scn, concurrency, [f"replicas.count={n}"]),
+                                concurrency / n, None)
+            order.append(n)
+        return verdicts[n].met
+
+    best = smallest(met, max_replicas)
+    per = scn.hardware.count
+    s = verdicts[best].summary if best is not None else {}
+    steady = s.get("steady") or {}
+    rate = steady.get("achieved_rps") or s.get("throughput_rps") or 0.0
+    c = costs(best, per, rate, scn.cost_per_gpu_hour) if best is not None and rate > 0 else {}
+    return Plan(
+        policy=label, target_rate_rps=rate, router=scn.replicas.router, replicas=best,
+        max_replicas=max_replicas, gpus_per_replica=per, gpus=c.get("gpus"),
+        gpu_hours_per_hour=c.get("gpu_hours_per_hour"), cost_per_gpu_hour=scn.cost_per_gpu_hour,
+        cost_per_hour=c.get("cost_per_hour"), cost_per_million_requests=c.get("cost_per_million_requests"),
+        runs=sum(v.runs for v in verdicts.values()), saturated_rps=None,
+        offered_rps=steady.get("offered_rps"), achieved_rps=steady.get("achieved_rps"),
+        probe_requests=s.get("requests_total"), stable=all(v.stable for v in verdicts.values()),
+        unstable_counts=[k for k in order if not verdicts[k].stable],
+        probes=[(k, verdicts[k].met) for k in order], summary=s, target_concurrency=concurrency,
+    )
+
+
+def plan(scenario, target_rate: float | None, overrides: Iterable[str] = (), policies: Iterable[str] | None = None,
          max_replicas: int = DEFAULT_MAX_REPLICAS, workers: int | None = None, backend: str = "local",
-         ray_address: str | None = None) -> dict[str, Plan]:
-    """A plan per (chosen) policy, searched in parallel over policies; label -> Plan."""
+         ray_address: str | None = None, target_concurrency: int | None = None) -> dict[str, Plan]:
+    """A plan per (chosen) policy, searched in parallel over policies; label -> Plan. The load is
+    ``target_rate`` (open-loop arrivals) or ``target_concurrency`` (closed-loop clients)."""
+    from sim.planning.capacity import is_closed_loop
     from sim.planning.sweep import execute
     from sim.scenario.schema import load_scenario
 
-    if not target_rate > 0:
-        raise CbsimError(f"--target-rate must be a positive number of requests per second, got {target_rate}")
     if max_replicas < 1:
         raise CbsimError(f"--max-replicas must be at least 1, got {max_replicas}")
     scn = load_scenario(scenario, list(overrides))
     require_slo(scn, "plan")
-    require_rate(scn, "plan")
+    closed = is_closed_loop(scn)
+    if closed:
+        if target_rate is not None:
+            raise CbsimError("--target-rate: this scenario's clients are closed-loop (workload.arrival.process: "
+                             "closed), their load is a concurrency; use --target-concurrency N")
+        if target_concurrency is None:
+            target_concurrency = int(scn.workload.arrival.concurrency)
+        if target_concurrency < 1:
+            raise CbsimError(f"--target-concurrency must be at least 1 client, got {target_concurrency}")
+    else:
+        if target_concurrency is not None:
+            raise CbsimError("--target-concurrency needs closed-loop clients: set workload.arrival.process=closed "
+                             "(--set workload.arrival={process: closed, concurrency: 8}) or use --target-rate")
+        if target_rate is None or not target_rate > 0:
+            raise CbsimError(f"--target-rate must be a positive number of requests per second, got {target_rate}")
+        require_rate(scn, "plan")
     labels = labels_of(scn, policies)
     results: dict[str, Plan] = {}
 
     def keep(i: int, res: Plan) -> None:
         results[labels[i]] = res
 
-    execute(plan_policy, [(scn, label, float(target_rate), max_replicas) for label in labels], keep,
-            backend=backend, workers=workers, ray_address=ray_address)
+    if closed:
+        execute(plan_closed_loop, [(scn, label, target_concurrency, max_replicas) for label in labels], keep,
+                backend=backend, workers=workers, ray_address=ray_address)
+    else:
+        execute(plan_policy, [(scn, label, float(target_rate), max_replicas) for label in labels], keep,
+                backend=backend, workers=workers, ray_address=ray_address)
     return {label: results[label] for label in labels}

@@ -280,30 +280,95 @@ class Engine(BaseModel):
 # ------------------------------------------------------------------------------------------------
 # workload
 # ------------------------------------------------------------------------------------------------
-class Arrival(BaseModel):
-    """When requests arrive."""
+class TimeDist(BaseModel):
+    """A distribution of seconds (a client's think time)."""
 
     model_config = _cfg()
 
-    process: Literal["poisson", "gamma", "constant", "trace"] = Field(
+    dist: Literal["fixed", "uniform", "exponential", "lognormal"] = Field(
+        "fixed", description="fixed {value}, uniform {min, max}, exponential {mean}, lognormal {mean, p99}")
+    value: float | None = Field(None, ge=0, description="seconds (fixed)")
+    min: float | None = Field(None, ge=0, description="shortest (uniform)")
+    max: float | None = Field(None, ge=0, description="longest (uniform)")
+    mean: float | None = Field(None, gt=0, description="mean seconds (exponential, lognormal)")
+    p99: float | None = Field(None, gt=0, description="99th-percentile seconds (lognormal), > mean")
+
+    @model_validator(mode="after")
+    def _check(self) -> TimeDist:
+        needed = _TIME_PARAMS[self.dist]
+        for key in ("value", "min", "max", "mean", "p99"):
+            given = getattr(self, key) is not None
+            if key in needed and not given:
+                raise KeyedError(key, f"required for dist {self.dist!r}")
+            if key not in needed and given:
+                raise KeyedError(key, f"not used by dist {self.dist!r}; dist {self.dist!r} takes "
+                                      f"{', '.join(needed)}")
+        if self.dist == "uniform" and self.min > self.max:
+            raise KeyedError("min", f"must be <= max ({self.max}), got {self.min}")
+        if self.dist == "lognormal":
+            from sim.workload.distributions import lognormal_params
+
+            try:
+                lognormal_params(self.mean, self.p99)
+            except CbsimError as exc:
+                raise KeyedError("p99", str(exc)) from None
+        return self
+
+
+_TIME_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
+                "lognormal": ("mean", "p99")}
+
+
+class Arrival(BaseModel):
+    """When requests arrive: an open-loop process (at a rate) or closed-loop clients."""
+
+    model_config = _cfg()
+
+    process: Literal["poisson", "gamma", "constant", "trace", "closed"] = Field(
         "poisson", description="poisson (exponential gaps), gamma (gaps with coefficient of variation cv), "
-                               "constant (equal gaps), trace (the trace's timestamps)")
-    rate: float | None = Field(None, gt=0, description="requests per second; required unless process is trace")
+                               "constant (equal gaps), trace (the trace's timestamps), closed (concurrency "
+                               "clients, each sending its next request when its previous one ends: "
+                               "vllm bench serve --max-concurrency; docs/closed-loop.md)")
+    rate: float | None = Field(None, gt=0, description="requests per second; required for poisson, gamma "
+                                                       "and constant")
     cv: float | None = Field(None, gt=0, description="coefficient of variation of the gaps; required for "
                                                      "gamma (1 = Poisson, >1 burstier)")
+    concurrency: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="closed: clients, each with "
+                                    "one request in flight at a time (required for process closed)")
+    think_time_s: float | TimeDist | None = Field(None, description="closed: seconds a client waits after "
+                                                  "its request ends (last token, or rejection) before it "
+                                                  "sends the next; a number or a distribution "
+                                                  "{dist: fixed|uniform|exponential|lognormal}; null: 0")
+    ramp_s: float | None = Field(None, ge=0, description="closed: the clients' first sends are spread "
+                                 "evenly over [0, ramp_s) (client c at c × ramp_s / concurrency); "
+                                 "null: all at t = 0")
 
     @model_validator(mode="after")
     def _check(self) -> Arrival:
         if self.process == "trace" and self.rate is not None:
             raise KeyedError("rate", "not used with process 'trace' (arrivals are the trace's timestamps); "
                                      "scale them with workload.trace.rate_scale")
-        if self.process != "trace" and self.rate is None:
+        if self.process == "closed" and self.rate is not None:
+            raise KeyedError("rate", "not used with process 'closed' (clients send when their previous "
+                                     "request ends); set concurrency instead")
+        if self.process not in ("trace", "closed") and self.rate is None:
             raise KeyedError("rate", f"required for process {self.process!r} (requests per second)")
         if self.process == "gamma" and self.cv is None:
             raise KeyedError("cv", "required for process 'gamma' (coefficient of variation of the gaps)")
         if self.process != "gamma" and self.cv is not None:
             raise KeyedError("cv", f"only used by process 'gamma', not {self.process!r}")
+        if self.process == "closed" and self.concurrency is None:
+            raise KeyedError("concurrency", "required for process 'closed' (how many clients send at once)")
+        for key in ("concurrency", "think_time_s", "ramp_s"):
+            if self.process != "closed" and getattr(self, key) is not None:
+                raise KeyedError(key, f"only used by process 'closed', not {self.process!r}")
+        if isinstance(self.think_time_s, float | int) and self.think_time_s < 0:
+            raise KeyedError("think_time_s", f"must be >= 0 seconds, got {self.think_time_s}")
         return self
+
+    @property
+    def closed(self) -> bool:
+        return self.process == "closed"
 
 
 _DIST_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "p99"), "azure-conv": (),

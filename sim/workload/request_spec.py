@@ -1,7 +1,9 @@
 """One request of a workload, as data: what arrives, when, and how long it really is.
 
 The workload generators and trace readers produce these; the engine turns each into a
-:class:`policies.base.Request` (which hides ``output_tokens`` from the policy).
+:class:`policies.base.Request` (which hides ``output_tokens`` from the policy). A closed-loop
+request's ``arrival_s`` is NaN until a client sends it: the engine replaces the spec then, with
+the send time and the client (``sim.clients``).
 """
 
 from __future__ import annotations
@@ -21,3 +23,6 @@ class RequestSpec:
     # prompt content as runs of (key, length): equal runs = shared prefix (see policies.base)
     prompt_runs: tuple[tuple[Any, int], ...] | None = None
     output_key: Any = None
+    client: int = -1  # closed loop: the client that sent it (sim.clients); -1: an open-loop arrival
+    session: int = -1  # multi-turn sessions: the session and the turn (0-based); -1: not a session
+    turn: int = -1

@@ -22,6 +22,10 @@ Arrival processes (gaps between consecutive requests, mean 1/rate):
 - ``gamma``: gamma gaps with coefficient of variation ``cv``: shape k = 1/cv², scale 1/(rate·k);
   cv = 1 is Poisson, cv > 1 is burstier.
 - ``constant``: every gap is exactly 1/rate.
+- ``closed``: no arrival times here (``arrival_s`` is NaN): ``concurrency`` clients send the
+  requests in this order during the run, each when its previous one ended
+  (:mod:`sim.workload.closed_loop`, :mod:`sim.clients`); a trace's rows are taken in order,
+  with their prefix ids.
 
 Lengths (``prompt_tokens``, ``output_tokens``), integers >= 1:
 - ``fixed`` ``value``; ``uniform`` ``min``..``max`` inclusive;
@@ -48,6 +52,7 @@ uniformly; its prompt is the group's first ``prefix_len`` tokens followed by its
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +131,15 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         trace = load_trace(path, w.trace.format).select(window, w.trace.rate_scale)
 
     replay = w.arrival.process == "trace"
-    if replay:
+    closed = w.arrival.process == "closed"
+    if closed:  # sent by clients during the run (sim.clients): no arrival time yet; a trace in order
+        n = w.num_requests if w.num_requests is not None else len(trace)
+        if trace is not None and n > len(trace):
+            raise ScenarioError(f"workload.num_requests is {n} but the trace {w.trace.path} has only "
+                                f"{len(trace)} requests in its window; lower num_requests or drop it")
+        arrivals = np.full(n, np.nan)
+        rows = np.arange(n) if trace is not None else None
+    elif replay:
         n = len(trace) if w.num_requests is None else w.num_requests
         if n > len(trace):
             raise ScenarioError(f"workload.num_requests is {n} but the trace {w.trace.path} has only "
@@ -159,7 +172,7 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         max_tokens = np.maximum(max_len - prompt, output)
 
     trace_runs = None
-    if replay and w.prompt_tokens.dist == "trace" and trace.prompt_runs is not None:
+    if (replay or closed) and w.prompt_tokens.dist == "trace" and trace.prompt_runs is not None:
         if w.prefix is not None:
             raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its "
                                 f"hash_ids already say which prompts share prefixes")
@@ -168,8 +181,11 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     if w.prefix is not None:
         groups = rng(scenario.seed, PREFIX).integers(0, w.prefix.num_groups, size=n).tolist()
 
-    arrivals = _fit_to_clock(scenario, np.asarray(arrivals, dtype=float), replay)
-    order = np.argsort(arrivals, kind="stable")
+    if closed:
+        order = np.arange(n)  # sent in this order, whichever client is free first
+    else:
+        arrivals = _fit_to_clock(scenario, np.asarray(arrivals, dtype=float), replay)
+        order = np.argsort(arrivals, kind="stable")
     width = max(6, len(str(max(n - 1, 0))))
     specs = []
     arr_l, p_l, o_l, m_l = (a[order].tolist() for a in (arrivals, prompt, output, max_tokens))
@@ -238,14 +254,16 @@ def workload_stats(specs: list[RequestSpec]) -> dict[str, Any]:
     prompt = np.array([s.prompt_tokens for s in specs])
     output = np.array([s.output_tokens for s in specs])
     max_tokens = np.array([s.max_tokens for s in specs])
-    duration = float(arrivals[-1] - arrivals[0])
+    timed = not np.isnan(arrivals).any()  # closed loop: sent during the run, no times yet
+    duration = float(arrivals[-1] - arrivals[0]) if timed else math.nan
     gaps = np.diff(arrivals)
     stats: dict[str, Any] = {
         "num_requests": n,
-        "duration_s": round(duration, 3),
+        "duration_s": round(duration, 3) if timed else None,
         # one over the mean gap: (n - 1) gaps span the duration
-        "mean_rate_rps": round((n - 1) / duration, 4) if duration > 0 else None,
-        "interarrival_cv": round(float(gaps.std() / gaps.mean()), 3) if n > 2 and gaps.mean() > 0 else None,
+        "mean_rate_rps": round((n - 1) / duration, 4) if timed and duration > 0 else None,
+        "interarrival_cv": (round(float(gaps.std() / gaps.mean()), 3)
+                            if timed and n > 2 and gaps.mean() > 0 else None),
         "prompt_tokens": _dist(prompt),
         "output_tokens": _dist(output),
         "max_tokens_mean": round(float(max_tokens.mean()), 1),

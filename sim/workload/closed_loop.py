@@ -1,0 +1,67 @@
+"""Closed-loop clients as data: how many, when each first sends, and the think times they wait.
+
+A closed-loop benchmark (``vllm bench serve --max-concurrency N``, aiperf / genai-perf
+``--concurrency N``) keeps N requests in flight: N clients each send a request, wait for its
+last token (or its rejection: an HTTP error frees the client too), think, and send the next one;
+the requests are taken in the workload's order by whichever client is free first. The load is
+then set by the concurrency, not by a rate: the server's own latency paces the arrivals.
+
+This module holds only what can be drawn before the run (the SimPy side is :mod:`sim.clients`):
+
+* ``first_send_s[c]``: client ``c`` sends its first request at ``c × ramp_s / N`` (all at 0
+  without ``ramp_s``), the first ``min(N, num_requests)`` requests in order;
+* ``think_s[k]``: the think time of the ``k``-th time a client is freed (in the order the run frees
+  them), drawn from ``think_time_s`` on its own random stream, so a change of concurrency or of
+  any length leaves these draws alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+THINK = 6  # the think times' random stream: numpy.random.default_rng([seed, THINK])
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    concurrency: int
+    first_send_s: tuple[float, ...]  # one per client that sends at all (min(concurrency, n))
+    think_s: np.ndarray  # think time of the k-th client freed, seconds (>= 0)
+
+    @property
+    def min_think_s(self) -> float:
+        return float(self.think_s.min()) if self.think_s.size else 0.0
+
+
+def think_times(think, n: int, seed: int) -> np.ndarray:
+    """``n`` think times from ``workload.arrival.think_time_s`` (a number, a ``TimeDist`` or null)."""
+    if think is None:
+        return np.zeros(n)
+    if isinstance(think, int | float):
+        return np.full(n, float(think))
+    gen = np.random.default_rng([seed, THINK])
+    if think.dist == "fixed":
+        return np.full(n, float(think.value))
+    if think.dist == "uniform":
+        return gen.uniform(think.min, think.max, n) if think.max > think.min else np.full(n, float(think.min))
+    if think.dist == "exponential":
+        return gen.exponential(think.mean, n)
+    if think.dist == "lognormal":
+        from sim.workload.distributions import lognormal_params
+
+        mu, sigma = lognormal_params(think.mean, think.p99)
+        return gen.lognormal(mu, sigma, n)
+    raise ValueError(f"no think-time distribution {think.dist!r}")
+
+
+def closed_loop(scenario, n: int) -> ClosedLoop | None:
+    """The scenario's clients for ``n`` requests; None when its arrivals are open-loop."""
+    a = scenario.workload.arrival
+    if scenario.workload.requests is not None or not a.closed:
+        return None
+    clients = min(a.concurrency, n)
+    ramp = float(a.ramp_s or 0.0)
+    first = tuple(c * ramp / a.concurrency for c in range(clients))
+    return ClosedLoop(a.concurrency, first, think_times(a.think_time_s, n, scenario.seed))

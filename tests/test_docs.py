@@ -1,7 +1,8 @@
 """The README and every page of docs/: every link resolves, every page is linked from the README, and
 every example shown in a page runs (issue 28, item 6).
 
-Examples: every fenced ``sh``/``bash`` block is run as a bash script (``set -e``), every ``python``
+Examples: every fenced ``sh``/``bash`` block is run as a bash script (``set -e``), the ``$ `` lines of a
+``console`` block (a command and its output) likewise, every ``python``
 block with the project's Python, every ``yaml`` block is loaded as a scenario; the blocks of one page
 run in order in one sandbox (so a later block may use what an earlier one wrote): a folder whose
 ``repo/`` links every top-level entry of the repository (the working directory) and whose ``shared``
@@ -113,7 +114,7 @@ def test_the_readme_is_what_a_newcomer_needs_in_ten_minutes():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_example_runs(page, tmp_path):
-    found = [b for b in blocks(page) if b["lang"] in ("sh", "bash", "python", "yaml")]
+    found = [b for b in blocks(page) if b["lang"] in ("sh", "bash", "console", "python", "yaml")]
     if not found:
         pytest.skip(f"{page.name} shows no example")
     sandbox = _sandbox(tmp_path)
@@ -125,7 +126,10 @@ def test_every_example_runs(page, tmp_path):
             assert reason, f"{page.name}:{b['line']}: a skip needs its reason"
             skipped.append(f"line {b['line']}: {reason}")
             continue
-        text = _adapt(b["text"], d, sandbox)
+        text = b["text"]
+        if b["lang"] == "console":  # the commands shown, not their output
+            text = "\n".join(ln[2:] for ln in text.splitlines() if ln.startswith("$ "))
+        text = _adapt(text, d, sandbox)
         if "../shared" in text and not SHARED.is_dir():
             if os.environ.get("CI"):
                 pytest.fail(f"{SHARED} is missing: {page.name}:{b['line']} needs ../shared/reference")
@@ -177,7 +181,7 @@ def _adapt(text: str, directives, sandbox: Path) -> str:
 def _run(lang: str, text: str, sandbox: Path, where: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{sandbox.parent.parent / 'bin'}:{os.environ['PATH']}",
            "MPLBACKEND": "Agg", "COLUMNS": "100"}
-    cmd = ["bash", "-euo", "pipefail", "-c", text] if lang in ("sh", "bash") else [sys.executable, "-c", text]
+    cmd = ["bash", "-euo", "pipefail", "-c", text] if lang != "python" else [sys.executable, "-c", text]
     try:
         proc = subprocess.run(cmd, cwd=sandbox, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -47,6 +47,7 @@ TOKENS = Bounds(1, 2**24, "tokens")
 BOUNDS: dict[str, Bounds] = {
     "--target-rate": Bounds(0, 1e6, "requests per second", lo_inclusive=False, example="20"),
     "--tolerance": Bounds(0, 1, "a fraction: 0.02 is 2 %", lo_inclusive=False, example="0.02"),
+    "--target-concurrency": Bounds(1, 10_000_000, "closed-loop clients", example="32"),
     "--max-replicas": Bounds(1, 100_000, "replicas"),
     "--workers": Bounds(1, 4096, "parallel processes"),
     "--tp": Bounds(1, 1024, "GPUs per tensor-parallel group"),

@@ -1,7 +1,7 @@
-"""Documentation of every scenario key (dotted path, type, default, description), for the README.
+"""Documentation of every scenario key (dotted path, type, default, description), for docs/scenario-keys.md.
 
 Why a module of its own: the key table is generated from the pydantic models' fields so the
-README cannot drift from the code (``tests/test_readme.py`` checks it); walking the models for
+docs cannot drift from the code (``tests/test_readme.py`` checks it); walking the models for
 documentation is a job apart from validating a scenario. ``Scenario.field_docs()`` and
 ``Scenario.field_docs_markdown()`` delegate here.
 """
@@ -24,7 +24,7 @@ def field_docs(cls: type[BaseModel]) -> list[dict[str, str]]:
 
 
 def field_docs_markdown(cls: type[BaseModel]) -> str:
-    """:func:`field_docs` as a markdown table (the README's scenario-key reference)."""
+    """:func:`field_docs` as a markdown table (the body of docs/scenario-keys.md)."""
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for d in field_docs(cls):
         rows.append(f"| `{d['key']}` | {d['type']} | {d['default']} | {d['description']} |")

@@ -2,7 +2,7 @@
 
 The key names are an interface (scripts, ``--set`` and the results' ``scenario.yaml`` use them),
 so they follow DESIGN.md. Every section is a pydantic model that forbids unknown keys, and every
-field has a default and a description (``sim.scenario.docs.field_docs(Scenario)`` lists them for the README).
+field has a default and a description (``sim.scenario.docs.field_docs(Scenario)`` lists them for docs/scenario-keys.md).
 Values are checked strictly: ``block_size: "16"`` is an error, not a silent conversion.
 
 A mistake becomes one :class:`sim.errors.ScenarioError` whose message names the file, the key

@@ -112,6 +112,7 @@ def test_the_readme_is_what_a_newcomer_needs_in_ten_minutes():
         assert must in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_example_runs(page, tmp_path):
     found = [b for b in blocks(page) if b["lang"] in ("sh", "bash", "console", "python", "yaml")]

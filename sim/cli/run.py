@@ -161,7 +161,7 @@ def run_cmd(
     from sim.results import RunResult
 
     target = RunResult.check_target(out or Path("results") / scn.name)  # refuse before a long run
-    result = run(scn, policies=policy or None, progress=not quiet)
+    result = run(scn, policies=policy or None, progress=not quiet and not json_)  # stdout holds the JSON alone
     import os
 
     # piped or logged: room for every policy's column, not 80 columns (an explicit COLUMNS is obeyed:

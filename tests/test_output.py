@@ -82,3 +82,14 @@ def _cbsim(*args, columns: str | None = None):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc
+
+
+def test_json_flags_print_json_alone_on_stdout(tmp_path):
+    run = json.loads(_cbsim("run", "scenarios/seed_toy.yaml", "--out", str(tmp_path / "toy"), "--json").stdout)
+    saved = json.loads((tmp_path / "toy" / "summary.json").read_text())["policies"]
+    assert run["policies"]["orca"]["steps"] == saved["orca"]["steps"] == 8
+    assert run["policies"]["orca"]["prefix_reuse"] == saved["orca"]["prefix_reuse"]
+    policies = json.loads(_cbsim("policies", "--json").stdout)
+    assert policies["vllm-v1"]["knobs"]["scheduling_policy"]["default"] == "fcfs"
+    tables = json.loads(_cbsim("tables", "--json").stdout)
+    assert {t["name"] for t in tables} >= {"kernel-db-llama-3-8b-h200-tp1"}

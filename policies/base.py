@@ -113,6 +113,11 @@ class StepPlan:
     padding_tokens: int = 0
     padding_context: int = 0
     prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
+    # speculative decoding (None when the policy does not speculate): per scheduled request, how
+    # many of its ``num_new_tokens`` are draft tokens to verify (0 for prefill chunks). Their KV
+    # slots are allocated and ``num_computed_tokens`` counts them until the engine reports the
+    # rejected ones through ``Policy.reject_drafts``
+    spec_tokens: list[int] | None = None
 
     def add(self, req: Request, n: int, context: int) -> None:
         self.scheduled.append(req)
@@ -182,6 +187,9 @@ class Policy:
     summary: ClassVar[str] = ""
     KNOBS: ClassVar[dict[str, Knob]] = {}
     uses_token_budget: ClassVar[bool] = True
+    # whose arithmetic sizes the KV pool when the scenario does not pin it: "vllm"
+    # (sim/hardware/kv_capacity.py) or "trtllm" (sim/hardware/trtllm_kv.py)
+    kv_sizing: ClassVar[str] = "vllm"
     # where max_num_seqs / max_num_batched_tokens come from when the scenario leaves them unset
     engine_defaults_source: ClassVar[str] = (
         f"fixed: {DEFAULT_MAX_NUM_SEQS} / {DEFAULT_MAX_NUM_BATCHED_TOKENS} on every device"
@@ -255,6 +263,23 @@ class Policy:
 
     def has_work(self) -> bool:
         return self.num_running > 0 or self.num_waiting > 0
+
+    # --- speculative decoding (optional) ----------------------------------------------------
+    # A policy that can schedule draft tokens sets ``supports_speculation``. The engine turns it
+    # on once (``enable_speculation``); from then on a plan's ``spec_tokens`` says how many draft
+    # tokens each scheduled request verifies, and after the step the engine (which alone knows
+    # how many were accepted) hands the rejected counts back through ``reject_drafts`` before it
+    # emits the accepted tokens plus one.
+    supports_speculation: ClassVar[bool] = False
+    num_speculative_tokens: int = 0
+
+    def enable_speculation(self, num_speculative_tokens: int, num_lookahead_tokens: int = 0) -> None:
+        raise ValueError(f"policy {self.name!r} does not model speculative decoding")
+
+    def reject_drafts(self, plan: StepPlan, rejected: list[int]) -> None:
+        """``rejected[i]`` of the draft tokens of ``plan.scheduled[i]`` were rejected by the
+        verification: their positions are no longer computed (vLLM V1 ``update_from_output``)."""
+        raise NotImplementedError
 
     def kv_blocks_used(self) -> int:
         raise NotImplementedError

@@ -10,6 +10,7 @@ from policies.sarathi import SarathiPolicy
 from policies.sglang import SglangPolicy
 from policies.static import StaticPolicy
 from policies.tgi import TgiPolicy
+from policies.trtllm import TrtllmPolicy
 from policies.vllm_v0 import VllmV0Policy
 from policies.vllm_v1 import VllmV1Policy
 
@@ -23,6 +24,7 @@ POLICIES: dict[str, type[Policy]] = {
         SarathiPolicy,
         SglangPolicy,
         TgiPolicy,
+        TrtllmPolicy,
     )
 }
 

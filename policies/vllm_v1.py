@@ -31,6 +31,22 @@ cannot grow even with the whole pool free, and, with chunked prefill off, a pref
 the whole token budget (vLLM refuses such a config: it requires
 ``max_num_batched_tokens >= max_model_len`` then). None of these happens in a run vLLM completes, so
 rejection never changes a decision vLLM makes.
+
+Speculative decoding (:meth:`VllmV1Policy.enable_speculation`; vLLM ``vllm/v1/core/sched/scheduler.py``):
+a request whose last scheduled step completed it (it sampled a token, so the drafter proposed
+``k`` drafts for it: ``update_draft_token_ids`` ignores drafts of prefill chunks) asks for
+``num_tokens_with_spec - num_computed_tokens = 1 + k`` tokens in Phase A; the long-prefill
+threshold, the remaining token budget and ``max_model_len - 1 - num_computed_tokens`` cut that as
+any request's tokens (so the drafts count against ``max_num_batched_tokens``), and the drafts that
+survive the cuts are the step's scheduled spec tokens (``num_scheduled_spec_tokens = num_new_tokens
++ num_computed_tokens - num_tokens``, Phase A of ``schedule()``). Their KV slots are allocated up
+front with ``num_lookahead_tokens`` more for EAGLE and draft models (``Scheduler.__init__``:
+``num_lookahead_tokens = num_spec_tokens`` when ``use_eagle()`` or ``uses_draft_model()``; for a
+waiting request only once it has computed tokens). After the step the engine reports how many
+were rejected and ``num_computed_tokens`` steps back by that many (``update_from_output``:
+``request.num_computed_tokens -= num_rejected``): their slots stay in the request's blocks and the
+next step writes over them; blocks go back to the pool when the request ends or is preempted.
+Pure-decode fast-forward is off while speculating (every step's emission depends on a draw).
 """
 
 from __future__ import annotations
@@ -136,6 +152,25 @@ class VllmV1Policy(Policy):
         # the last plan scheduled every running request and each will have emitted its token:
         # after that step every running request is one decode away (see decode_stretch)
         self._decode_ready = False
+        self._lookahead = 0  # KV slots allocated beyond a step's tokens (speculative decoding)
+
+    # --- speculative decoding ---------------------------------------------------------------
+    supports_speculation = True
+
+    def enable_speculation(self, num_speculative_tokens: int, num_lookahead_tokens: int = 0) -> None:
+        """Schedule ``num_speculative_tokens`` drafts for every request whose last step completed
+        it, with ``num_lookahead_tokens`` extra KV slots for running requests (see the module doc)."""
+        if num_speculative_tokens < 1 or num_lookahead_tokens < 0:
+            raise ValueError(f"vllm-v1 num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.num_speculative_tokens = int(num_speculative_tokens)
+        self._lookahead = int(num_lookahead_tokens)
+        self._decode_ready = False
+
+    def reject_drafts(self, plan: StepPlan, rejected: list[int]) -> None:
+        for r, n in zip(plan.scheduled, rejected):
+            if n:
+                r.num_computed_tokens -= n
+                self._stored_tokens -= n
 
     # --- waiting queue ----------------------------------------------------------------------
     def _push_waiting(self, req: Request, front: bool = False) -> None:
@@ -200,6 +235,7 @@ class VllmV1Policy(Policy):
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
+        req.policy_state = None  # its drafts are dropped (vLLM _preempt_request clears spec_token_ids)
         self._stored_tokens -= req.num_computed_tokens
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
@@ -222,6 +258,7 @@ class VllmV1Policy(Policy):
 
         # Phase A: running requests, in list order; all at once when each is one decode away
         bulk = self._bulk_decodes(token_budget) if self._decode_ready else None
+        spec_k, lookahead = self.num_speculative_tokens, self._lookahead
         if bulk is None:
             i = 0
         else:
@@ -233,6 +270,8 @@ class VllmV1Policy(Policy):
             r = running[i]
             computed = r.num_computed_tokens
             n = r.prompt_tokens + r.num_output_tokens - computed
+            if spec_k and r.policy_state:  # drafts proposed after its last step: num_tokens_with_spec
+                n += spec_k
             if 0 < thr < n:
                 n = thr
             if n > token_budget:
@@ -244,7 +283,8 @@ class VllmV1Policy(Policy):
                 i += 1
                 continue
             while True:
-                blocks = kv.allocate_slots(r, n)
+                blocks = kv.allocate_slots(r, n, num_lookahead_tokens=lookahead) if lookahead else \
+                    kv.allocate_slots(r, n)
                 if blocks is not None:
                     break
                 if self._priority:
@@ -312,6 +352,7 @@ class VllmV1Policy(Policy):
                     hits,
                     full_sequence_must_fit=self._reserve_full_isl,
                     has_scheduled_reqs=bool(running),
+                    num_lookahead_tokens=lookahead if r.num_computed_tokens else 0,
                 )
                 if blocks is None:
                     break
@@ -343,6 +384,19 @@ class VllmV1Policy(Policy):
             for r in sched[:nb]:
                 r.num_computed_tokens += 1
             rest = zip(sched[nb:], sched_n[nb:])
+        if spec_k:
+            spec = plan.spec_tokens = []
+            for r, n in rest:
+                c = r.num_computed_tokens
+                context.append(c)
+                c += n
+                r.num_computed_tokens = c
+                d = c - r.prompt_tokens - r.num_output_tokens
+                # drafts scheduled for this step, and whether it completes (the drafter then
+                # proposes for it: vLLM update_draft_token_ids skips prefill chunks)
+                spec.append(d if d > 0 else 0)
+                r.policy_state = d >= 0
+            ready = False  # no pure-decode bulk pass or fast-forward while speculating
         for r, n in rest:
             c = r.num_computed_tokens
             context.append(c)
@@ -399,6 +453,7 @@ class VllmV1Policy(Policy):
             return
         for r in finished:  # batch order, each request's blocks tail first
             self.kv.release(r)
+            r.policy_state = None
             self._stored_tokens -= r.num_computed_tokens
             r.status = Status.FINISHED
         if len(finished) == 1:

@@ -25,6 +25,14 @@ applied as a single step applies them), and before KV memory would run out, so n
 process could observe differs: the same steps, tokens, times and records, bit for bit.
 ``Simulation(..., fast_forward=False)`` or the environment variable ``CBSIM_NO_FAST_FORWARD=1``
 turns it off (for debugging; tests compare both).
+
+Speculative decoding (``Simulation(..., acceptance=...)``, a policy with ``enable_speculation``):
+a plan with ``spec_tokens`` verifies draft tokens. After its step the replica draws how many each
+request's target accepted (``sim.speculative.acceptance``), the policy steps the rejected ones back
+(``Policy.reject_drafts``) and every request emits its accepted drafts plus one token, all at the
+step's end (``sim.metrics.requests.emit_caught_up``). The policy offers no pure-decode stretch
+while it speculates, so such runs are stepped one step at a time (the fast-forward stays exact
+by not running).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from sim.metrics.recorder import (
     emit_step_tokens,
     explain_unfinished,
 )
+from sim.metrics.requests import emit_caught_up, verify_drafts
 from sim.routing import round_robin
 from sim.workload.closed_loop import ClosedLoop
 from sim.workload.request_spec import RequestSpec
@@ -79,8 +88,9 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, index: int, policy: Policy, latency: LatencyModel,
                  recorder: Recorder, max_model_len: int, on_progress: Callable[[int], None] | None = None,
-                 simulation: Simulation | None = None, fast_forward: bool = False):
+                 simulation: Simulation | None = None, fast_forward: bool = False, acceptance=None):
         self.env = env
+        self.acceptance = acceptance  # draws accepted drafts (sim.speculative.acceptance); None: no speculation
         self.index = index
         self.policy = policy
         self.latency = latency
@@ -167,6 +177,8 @@ class Replica:
             for req in plan.admitted:
                 records[req.id].mark_admitted(start)
             shape = fast_step_shape(plan)
+            if plan.spec_tokens is not None:
+                shape.spec_tokens = sum(plan.spec_tokens)
             dt, flops, bytes_ = latency.price(shape, plan)
             recomputed = 0
             if shape.prefill_tokens or plan.preempted:  # only prefill chunks can recompute
@@ -180,11 +192,29 @@ class Replica:
             self.busy_until = start + dt  # where SimPy puts the timeout: now + delay
             yield env.timeout(dt)
             now = env.now
+            if plan.spec_tokens is not None:
+                self._verified_step(plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed)
+                continue
             finished = emit_step_tokens(plan.scheduled, records, len(steps), now)
             policy.finish_step(plan, finished)
             for req in finished:
                 self._end(records[req.id], "finished")
             append_step(now, start, dt, policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed)
+
+    def _verified_step(self, plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed) -> None:
+        """The end of a speculative step: draws, rejected drafts back to the policy, the accepted
+        tokens plus one emitted, finishes, and the step's record."""
+        policy, records, steps = self.policy, self.records, self.steps
+        if self.acceptance is None:
+            raise AssertionError(f"{policy.name} scheduled draft tokens without an acceptance model")
+        rejected, proposed, accepted = verify_drafts(plan, records, self.acceptance.draw)
+        policy.reject_drafts(plan, rejected)
+        finished = emit_caught_up(plan.scheduled, records, len(steps), now)
+        policy.finish_step(plan, finished)
+        for req in finished:
+            self._end(records[req.id], "finished")
+        steps.append(now, start, dt, policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed,
+                     proposed, accepted)
 
     # --- fast-forward ---------------------------------------------------------------------------
     def _prepare_stretch(self, batch: list[Request], context: int):
@@ -386,10 +416,12 @@ class Simulation:
                  max_model_len: int, router: Router | None = None, horizon_s: float | None = None,
                  on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
                  horizon_reason: str = HORIZON_REACHED, clients: ClosedLoop | None = None,
-                 drain_s: float | None = None, cap_reason: Callable[[float], str] | None = None):
+                 drain_s: float | None = None, cap_reason: Callable[[float], str] | None = None,
+                 acceptance=None):
         """``clients``: closed-loop clients send the specs (in order) instead of their arrival
         times (:mod:`sim.clients`); without ``horizon_s`` time then stops ``drain_s`` after the last
-        send at the latest (the requests left get ``cap_reason(cap)``)."""
+        send at the latest (the requests left get ``cap_reason(cap)``). ``acceptance``: the draws
+        of accepted draft tokens when the policies speculate (:mod:`sim.speculative.acceptance`)."""
         self.env = simpy.Environment()
         self.specs = specs
         self.recorder = Recorder()
@@ -413,7 +445,8 @@ class Simulation:
         else:
             clocks = [self] * len(replicas)
         self.replicas = [
-            Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress, clocks[i], fast_forward)
+            Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress, clocks[i], fast_forward,
+                    acceptance)
             for i, (pol, lat) in enumerate(replicas)
         ]
         if self.clients is not None:

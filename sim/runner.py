@@ -29,6 +29,8 @@ from sim.results import RunResult
 from sim.routing import make_router
 from sim.scenario.resolved import Deployment, resolve
 from sim.scenario.schema import Scenario, load_scenario
+from sim.speculative.report import speculative_report
+from sim.speculative.setup import speculation_for
 from sim.workload.closed_loop import closed_loop
 from sim.workload.synthetic import build_workload
 
@@ -41,6 +43,8 @@ def policy_knobs(scn: Scenario, entry) -> dict:
     caching = scn.engine.enable_prefix_caching  # null: the policy's own default (on in vllm-v1)
     if "enable_prefix_caching" in cls.KNOBS and "enable_prefix_caching" not in knobs and caching is not None:
         knobs["enable_prefix_caching"] = caching
+    if "enable_block_reuse" in cls.KNOBS and "enable_block_reuse" not in knobs and caching is not None:
+        knobs["enable_block_reuse"] = caching  # trtllm's name for it
     return knobs
 
 
@@ -89,12 +93,20 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     scn, gpu = dep.scenario, dep.gpu
     knobs = policy_knobs(scn, entry)
     limits = dep.limits_for(entry.name, knobs)  # unset batch limits: this policy's engine defaults
+    speculation = speculation_for(dep, entry)  # policies[].speculative: drafts scheduled, drafter priced
+    if speculation is not None:
+        limits = speculation.limits(limits, dep)  # the drafter's weights and KV share the GPU
     replicas = [(make_policy(entry.name, limits, **knobs), dep.latency()) for _ in range(dep.replicas)]
+    if speculation is not None:
+        for pol, _lat in replicas:
+            speculation.enable(pol)
+        replicas = [(pol, speculation.wrap(lat)) for pol, lat in replicas]
     end_s, capped = time_limit(scn, specs)
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
                      horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
-                     clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason)
+                     clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason,
+                     acceptance=speculation.acceptance if speculation is not None else None)
     recorder = sim.run()
     if end_s is None:  # closed loop: where the moving cap stopped it, if it did
         end_s = sim.end_s
@@ -112,6 +124,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         "max_num_batched_tokens": limits.max_num_batched_tokens,
         "latency": replicas[0][1].name,
         "swap_s_per_block": replicas[0][1].swap_time(1),
+        "kv_sizing": dep.kv_sizing(entry.name, knobs),
     }
     summary = summarize(
         requests, steps,
@@ -129,6 +142,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     )
     summary.update(end_report(requests, end_s, capped))
     summary["communication"] = communication_report(dep, replicas[0][1], steps)
+    summary["speculative"] = speculative_report(getattr(entry, "speculative", None), requests, steps)
     return requests, steps, summary, meta
 
 

@@ -40,10 +40,12 @@ from __future__ import annotations
 from collections import Counter
 
 from policies.base import EngineLimits, Policy, Request, Status, StepPlan, emit_tokens
+from policies.kv.paged import PagedKVManager
 from policies.kv.radix import RadixCache
 from policies.reservation import ReservationPolicy
 from policies.static import StaticPolicy
 from policies.tgi import TgiPolicy
+from policies.trtllm import TrtllmPolicy
 from policies.vllm_v0 import VllmV0Policy
 from policies.vllm_v1 import VllmV1Policy
 
@@ -73,12 +75,21 @@ def _radix(policy) -> RadixCache | None:
     return cache if isinstance(cache, RadixCache) else None
 
 
+def _paged(policy) -> PagedKVManager | None:
+    """The block-table KV manager of vllm-v1 and trtllm (blocks of its own block_size)."""
+    kv = getattr(policy, "kv", None)
+    return kv if isinstance(kv, PagedKVManager) else None
+
+
 def prefix_cache_of(policy, limits: EngineLimits) -> tuple[bool, int]:
-    """(cache on?, page size of its hits): vllm-v1's block-hash cache hits whole engine blocks,
-    a radix cache (sglang, tgi) whole pages of its own."""
+    """(cache on?, page size of its hits): a block-hash cache (vllm-v1, trtllm) hits whole blocks of
+    its KV manager, a radix cache (sglang, tgi) whole pages of its own."""
     radix = _radix(policy)
     if radix is not None:
         return radix.enabled, radix.page_size
+    paged = _paged(policy)
+    if paged is not None:
+        return paged.enable_caching, paged.block_size
     return bool(getattr(policy, "knobs", {}).get("enable_prefix_caching", False)), limits.block_size
 
 
@@ -233,9 +244,10 @@ class InvariantChecker:
     # --- per-policy accounting -----------------------------------------------------------------
     def _slots_of(self, req: Request) -> int:
         pol, bs = self.policy, self.limits.block_size
-        if isinstance(pol, VllmV1Policy):
-            st = pol.kv._reqs.get(req)
-            return min(len(st.blocks) * bs if st else 0, self.limits.max_model_len)
+        paged = _paged(pol)
+        if paged is not None:
+            st = paged._reqs.get(req)
+            return min(len(st.blocks) * paged.block_size if st else 0, self.limits.max_model_len)
         if isinstance(pol, ReservationPolicy):
             held = pol.kv._held.get(req.id)
             return held[1] * bs if held else 0
@@ -243,14 +255,15 @@ class InvariantChecker:
 
     def check_blocks(self) -> None:
         pol = self.policy
-        if isinstance(pol, VllmV1Policy):
-            pool = pol.kv.pool
+        paged = _paged(pol)
+        if paged is not None:
+            pool = paged.pool
             try:
                 pool.check_invariants()
             except AssertionError as exc:
                 self._fail(f"block pool: {exc}")
             holders: Counter = Counter()
-            for req, st in pol.kv._reqs.items():
+            for req, st in paged._reqs.items():
                 if st.blocks and req.status is not Status.RUNNING:
                     self._fail(f"{req.id} holds {len(st.blocks)} blocks while {req.status.value}")
                 if 0 in st.blocks:
@@ -297,7 +310,9 @@ class InvariantChecker:
         budget = pol.token_budget or total
         if isinstance(pol, VllmV1Policy) and pol.knobs["enable_chunked_prefill"]:
             budget = total  # chunked prefill splits any prompt
-        if not isinstance(pol, VllmV0Policy | VllmV1Policy) and pol.token_budget is not None:
+        if isinstance(pol, TrtllmPolicy) and pol.chunked:
+            budget = total  # chunked context splits any prompt
+        if not isinstance(pol, VllmV0Policy | VllmV1Policy | TrtllmPolicy) and pol.token_budget is not None:
             budget = total  # sarathi chunks prompts too
         radix = _radix(pol)
         if radix is not None and radix.ceil_page(total) > radix.capacity:

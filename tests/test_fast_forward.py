@@ -507,3 +507,39 @@ def test_runs_are_byte_identical_run_to_run(tmp_path):
         paths.append((tmp_path / f"r{i}.parquet", tmp_path / f"s{i}.parquet"))
     for a, b in zip(*paths):
         assert a.read_bytes() == b.read_bytes()
+
+
+TRTLLM_CASES = {
+    # name: (specs, limits, knobs)
+    "no-evict-reservation-holds-the-queue": (lambda: workload(21, n=120, rate=80.0, max_prompt=300, max_out=200,
+                                                              extra_max_tokens=200), TIGHT, {}),
+    "no-evict-shared-prefixes": (lambda: workload(22, groups=3, prefix_len=160, max_prompt=400, max_out=150),
+                                 LIMITS, {"enable_chunked_prefill": True}),
+    "max-utilization-pauses": (lambda: workload(23, max_prompt=300, max_out=250), TIGHT,
+                               {"capacity_scheduler_policy": "MAX_UTILIZATION"}),
+    "max-utilization-equal-progress": (lambda: workload(24, groups=2, prefix_len=120, max_prompt=300, max_out=200),
+                                       TIGHT, {"capacity_scheduler_policy": "MAX_UTILIZATION",
+                                               "enable_chunked_prefill": True,
+                                               "context_chunking_policy": "EQUAL_PROGRESS"}),
+    "static-batch": (lambda: workload(25, n=80, rate=60.0, max_out=150), LIMITS,
+                     {"capacity_scheduler_policy": "STATIC_BATCH"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRTLLM_CASES))
+def test_trtllm_fast_forward_is_exact(case):
+    """trtllm's decode_stretch (every started request a decode, nothing able to join: the queue
+    empty, the active list full, or under the no-evict policies the first waiting context short
+    of blocks, a reservation arithmetic the decodes do not move) leaves every run as it was."""
+    make_specs, limits, knobs = TRTLLM_CASES[case]
+    knobs = {"tokens_per_block": limits.block_size, **knobs}
+    specs = make_specs()
+    on = simulate("trtllm", specs, limits, fast_forward=True, **knobs)
+    off = simulate("trtllm", specs, limits, fast_forward=False, **knobs)
+    assert on[3] > 0, "the workload never fast-forwarded: the comparison would prove nothing"
+    assert_same_run(on, off)
+    if case.startswith("max-utilization"):
+        assert on[0]["preemptions"].sum() > 0  # pauses really happen
+    if case == "no-evict-reservation-holds-the-queue":
+        steps = on[1]
+        assert ((steps["waiting"] > 0) & (steps["prefill_tokens"] == 0)).sum() > 10  # held by KV, decoding

@@ -28,7 +28,7 @@ from tests.fuzz_profiles import examples
 from tests.helpers import FAKE_GPU, FAKE_MODEL, wall_clock_limit
 from tests.policy_invariants import Checked, InvariantChecker, drive
 
-POLICY_NAMES = ["static", "orca", "vllm-v1", "vllm-v0", "sarathi", "sglang", "tgi"]
+POLICY_NAMES = ["static", "orca", "vllm-v1", "vllm-v0", "sarathi", "sglang", "tgi", "trtllm"]
 WALL_LIMIT_S = 20  # one example; far above what any takes (an endless loop is caught here)
 
 
@@ -89,7 +89,22 @@ def knobs_st(name: str):
             "block_size": st.sampled_from([1, 1, 2, 4]),
             "max_concurrent_requests": st.sampled_from([3, 128, 128]),
         })
+    if name == "trtllm":
+        return st.fixed_dictionaries({
+            "capacity_scheduler_policy": st.sampled_from(["GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH"]),
+            "enable_chunked_prefill": st.booleans(),
+            "context_chunking_policy": st.sampled_from(["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"]),
+            "enable_block_reuse": st.booleans(),
+        })
     raise AssertionError(name)
+
+
+def fitted(name: str, limits: EngineLimits, knobs: dict) -> dict:
+    """trtllm's blocks are those of the drawn limits (tokens_per_block = block_size), so that the
+    checker's "fits every limit" reads the pool in the policy's own blocks."""
+    if name == "trtllm":
+        return {**knobs, "tokens_per_block": limits.block_size}
+    return knobs
 
 
 @st.composite
@@ -135,6 +150,7 @@ def make_requests(rows) -> list[tuple[int, Request, int]]:
 
 # --- the pure driver: every policy, every knob ----------------------------------------------
 def _check_policy(name, limits, knobs, rows):
+    knobs = fitted(name, limits, knobs)
     policy = make_policy(name, limits, **knobs)
     with wall_clock_limit(WALL_LIMIT_S):
         checker = drive(policy, make_requests(rows), limits)
@@ -212,6 +228,7 @@ def test_property_a_lone_request_filling_the_pool_exactly_ends(name):
 def _simulate_checked(name, limits, knobs, rows, step_s=0.01):
     """Through sim.engine step by step with every check on; then the same run with the engine's
     fast-forward through pure-decode stretches (the default), which must give the same results."""
+    knobs = fitted(name, limits, knobs)
     reqs = make_requests(rows)
     true_out = {req.id: out for _, req, out in reqs}
     specs = [RequestSpec(req.id, req.arrival_s * step_s, req.prompt_tokens, out, req.max_tokens, req.priority,

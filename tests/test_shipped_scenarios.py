@@ -99,11 +99,13 @@ def test_engines_prefix_reuse_prefill_first_and_tgi_caching_at_finish():
     prompt exactly once and every question (token-granular radix hits), vLLM V1 the same plus the
     8 tokens past each system prompt's last full 16-token block; TGI, which caches a prompt only
     when its request finishes, computes whole system prompts again for the requests arriving
-    before the first of their group finished. SGLang's prefill-first loop pauses the decodes,
-    so its TPOT p50 is above vLLM V1's."""
+    before the first of their group finished. TensorRT-LLM reuses whole 32-token blocks (31 of
+    each system prompt, 8 tokens computed again) and, by skipping a request whose first new block
+    another is computing in the same step, also computes each system prompt once. SGLang's
+    prefill-first loop pauses the decodes, so its TPOT p50 is above vLLM V1's."""
     result = run(REPO / "scenarios/engines.yaml")
     req, steps = result.requests, result.steps
-    assert set(result.summaries) == {"vllm-v1", "sglang", "tgi"}
+    assert set(result.summaries) == {"vllm-v1", "sglang", "tgi", "trtllm"}
     assert (req["state"] == "finished").all() and req["preemptions"].sum() == 0
     computed = {p: int(steps[steps.policy == p]["prefill_tokens"].sum()) for p in result.summaries}
     prompts = req[req.policy == "sglang"]["prompt_tokens"]
@@ -112,6 +114,7 @@ def test_engines_prefix_reuse_prefill_first_and_tgi_caching_at_finish():
     assert computed["sglang"] == questions + groups * prefix
     assert computed["vllm-v1"] == questions + groups * prefix + (len(prompts) - groups) * (prefix % 16)
     assert computed["vllm-v1"] <= 0.25 * prompts.sum()
+    assert computed["trtllm"] == questions + groups * prefix + (len(prompts) - groups) * (prefix % 32)
     misses, rest = divmod(computed["tgi"] - questions, prefix)
     assert rest == 0 and misses > 2 * groups  # all or nothing of a system prompt, often nothing
     # prefill-only steps while requests were running: SGLang's alone (vLLM V1 and TGI mix them in)

@@ -130,11 +130,15 @@ class PagedKVManager:
         new_computed_blocks: list[int] | None = None,
         full_sequence_must_fit: bool = False,
         has_scheduled_reqs: bool = True,
+        num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
         """Slots for ``num_new_tokens`` more tokens (after ``num_new_computed_tokens`` cache hits).
 
-        Returns the newly allocated block ids (possibly empty), or None when they do not fit;
-        then nothing has changed.
+        ``num_lookahead_tokens``: slots beyond those, never hashed (speculative decoding: the
+        draft model writes its proposals' KV there; vLLM ``kv_cache_manager.py`` allocate_slots,
+        ``num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens,
+        max_model_len)``). Returns the newly allocated block ids (possibly empty), or None when
+        they do not fit; then nothing has changed.
         """
         st = self._reqs.get(req)
         if (
@@ -147,7 +151,7 @@ class PagedKVManager:
             # fast path, a running request: only its own growth can need blocks
             end = req.num_computed_tokens + num_new_computed_tokens + num_new_tokens
             if (
-                end <= len(st.blocks) * self.block_size
+                end + num_lookahead_tokens <= len(st.blocks) * self.block_size
                 or self.max_model_len <= len(st.blocks) * self.block_size
             ):
                 if self.enable_caching:
@@ -167,7 +171,7 @@ class PagedKVManager:
             whole = min(req.num_tokens, self.max_model_len)
             if self._blocks_to_allocate(st, whole, hits) + wm > free:
                 return None
-        tokens_need_slot = min(local_computed + num_new_tokens, self.max_model_len)
+        tokens_need_slot = min(local_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         if self._blocks_to_allocate(st, tokens_need_slot, hits) + wm > free:
             return None
 

@@ -61,11 +61,28 @@ def comparison_table(result):
         rows.insert(1, ("ended", _ended))
         rows.insert(2, ("backlog: queued / running / not arrived",
                         lambda s: "{queued} / {running} / {not_arrived}".format(**s["backlog"])))
+    if any(result.summaries[label].get("speculative") for label in result.labels):
+        rows.insert(rows.index(next(r for r in rows if r[0] == "E2E p50 / p99 (s)")) + 1,
+                    ("speculative: acceptance / mean length", _acceptance))
+        rows.insert(rows.index(next(r for r in rows if r[0] == "E2E p50 / p99 (s)")) + 2,
+                    ("speculative: tokens per verify step", lambda s: _spec(s, "tokens_per_step")))
     if slo is not None and any(getattr(slo, k) is not None for k in ("ttft_s", "tpot_s", "e2e_s")):
         rows.append((f"meets SLO (p{slo.percentile:g})", lambda s: {True: "yes", False: "NO", None: "-"}[s["slo_met"]]))
     for name, fn in rows:
         t.add_row(name, *[fn(result.summaries[label]) for label in result.labels])
     return t
+
+
+def _acceptance(s: dict) -> str:
+    spec = s.get("speculative")
+    if not spec:
+        return "-"
+    return f"{_pct(spec['acceptance_rate'])} / {_fmt(spec['mean_acceptance_length'])}"
+
+
+def _spec(s: dict, key: str) -> str:
+    spec = s.get("speculative")
+    return _fmt(spec[key]) if spec else "-"
 
 
 def _batch_vs_memory(s: dict) -> str:

@@ -42,6 +42,10 @@ def sweep_cmd(
                 ray_address=ray_address, progress=not quiet and not shared.json_to_stdout(json_out), plot=not no_plot)
     t = sweep_table(res.table, scn)
     show_table(console, t)
+    from sim.planning.crossing import speculation_crossings
+
+    for crossing in speculation_crossings(res.table, scn):  # speculative entries vs their baselines
+        console.print("speculation: " + crossing.sentence(), highlight=False)
     console.print(f"{res.ran} point(s) simulated, {res.skipped} already on disk; table: {target / 'sweep.parquet'}"
                   + (f"; plot: {res.plot}" if res.plot else ""), highlight=False, soft_wrap=True)
     import json

@@ -24,6 +24,9 @@ class StepShape:
     kv_tokens_read: int  # every cached token attention reads, prefill context included
     padding_tokens: int = 0  # static batching's dummy tokens (in num_tokens too)
     padding_ctx: int = 0  # the context those dummies attend to (in decode_ctx too)
+    # speculative decoding: draft tokens verified (in num_tokens too); the LM head computes
+    # logits at each of them besides one per sequence (vLLM's rejection sampler needs them all)
+    spec_tokens: int = 0
 
 
 def step_shape(plan: StepPlan) -> StepShape:

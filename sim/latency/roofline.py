@@ -15,7 +15,8 @@ Operators of one step on ONE GPU (shapes from :meth:`ModelSpec.dense_linears` an
 - routed experts (MoE): the ``T·top_k`` routed rows' FLOPs, and the weights of only the experts
   those rows hit: :func:`sim.hardware.moe.expected_active_experts` (random routing; with expert
   parallelism, this GPU's ``E/ep`` experts over the tokens of every data-parallel rank);
-- the LM head, for one row per sequence (vLLM computes logits only where it samples);
+- the LM head, for one row per sequence (vLLM computes logits only where it samples), plus one per
+  draft token a speculative step verifies (``StepShape.spec_tokens``);
 - prefill attention (``4·heads·head_dim`` FLOPs per query-key pair per layer; KV of the context
   read) and decode attention (the same per pair; every cached key read), sliding-window layers
   reading at most their window; the step's new K and V written;
@@ -145,8 +146,9 @@ class RooflineLatency(LatencyModel):
         n, seqs = shape.num_tokens, shape.num_seqs
         cr, mr = self.compute_rate, self.memory_rate
         t = flops = bytes_ = 0.0
+        seq_rows = seqs + shape.spec_tokens  # rows the per-sequence operators (LM head) compute
         for f, w, act, rate, per_seq in self._linears:
-            rows = seqs if per_seq else n
+            rows = seq_rows if per_seq else n
             if not rows:
                 continue
             of, ob = f * rows, w + act * rows

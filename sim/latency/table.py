@@ -90,7 +90,13 @@ class TableLatency(LatencyModel):
             b = plan.padding_tokens if plan.padding_context else 0
             chunks = 0
             ctx = plan.padding_context
-            for n, c in zip(plan.num_new_tokens, plan.context):
+            # speculative verification (1 + drafts tokens on a context): priced as a decode row of
+            # that context, each request's KV read once by one batched kernel (the drafts' query
+            # rows go through the linear layers above); the table measured no such chunks
+            news = plan.num_new_tokens
+            if plan.spec_tokens is not None:
+                news = [1 if d and c > 0 else n for n, c, d in zip(news, plan.context, plan.spec_tokens)]
+            for n, c in zip(news, plan.context):
                 if n == 1 and c > 0:
                     b += 1
                     ctx += c

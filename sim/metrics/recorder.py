@@ -40,7 +40,7 @@ from sim.metrics.steps import STEP_COLUMNS, STORED_COLUMNS, ReplicaSteps, merge_
 from sim.metrics.token_times import flat_token_times, itl_stats_from_runs, weighted_stats
 
 __all__ = [
-    "HORIZON_REACHED", "REQUEST_COLUMNS", "STEP_COLUMNS", "STORED_COLUMNS", "TOKEN_TIMES_LIMIT", "Recorder",
+    "HORIZON_REACHED", "REQUEST_COLUMNS", "SPEC_REQUEST_COLUMNS", "STEP_COLUMNS", "STORED_COLUMNS", "TOKEN_TIMES_LIMIT", "Recorder",
     "ReplicaSteps", "RequestRecord", "emit_step_tokens", "explain_unfinished", "token_times_limit",
     "weighted_stats",
 ]
@@ -50,6 +50,10 @@ REQUEST_COLUMNS = (
     "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "state", "reason",
     "preemptions", "swaps", "client", "session", "turn", "token_times_s",
 )
+
+# speculative decoding, per request: steps that verified drafts, drafts verified, drafts accepted
+# (zeros without speculation; not in REQUEST_COLUMNS, so results written before them still load)
+SPEC_REQUEST_COLUMNS = ("spec_steps", "spec_proposed", "spec_accepted")
 
 TOKEN_TIMES_LIMIT = 20_000_000  # tokens (160 MB of times); beyond this, token_times_s stays out of memory
 
@@ -130,7 +134,10 @@ class Recorder:
             "session": np.fromiter((r.spec.session for r in recs), dtype=np.int64, count=len(recs)),
             "turn": np.fromiter((r.spec.turn for r in recs), dtype=np.int64, count=len(recs)),
         }
+        for name in SPEC_REQUEST_COLUMNS:
+            cols[name] = np.fromiter((getattr(r, name) for r in recs), dtype=np.int64, count=len(recs))
         columns = list(REQUEST_COLUMNS)
+        columns[columns.index("swaps") + 1:columns.index("swaps") + 1] = SPEC_REQUEST_COLUMNS
         if token_times:
             flat, counts = flat_token_times(self.replicas, recs)
             bounds = np.concatenate(([0], np.cumsum(counts))).tolist()

@@ -39,6 +39,12 @@ class RequestRecord:
         "_generated",
         "_preemptions",
         "_swaps",
+        # speculative decoding: steps that verified drafts, drafts proposed and accepted, and the
+        # request's own acceptance draws (sim.speculative.acceptance)
+        "spec_steps",
+        "spec_proposed",
+        "spec_accepted",
+        "spec_rng",
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
@@ -58,6 +64,10 @@ class RequestRecord:
         self._generated = 0
         self._preemptions = 0
         self._swaps = 0
+        self.spec_steps = 0
+        self.spec_proposed = 0
+        self.spec_accepted = 0
+        self.spec_rng = None
 
     @property
     def generated(self) -> int:
@@ -160,6 +170,62 @@ def emit_step_tokens(scheduled: list[Request], records: dict[str, RequestRecord]
                 req.status = _FINISHED
                 rec.finish_s = now
                 finished.append(req)
+    return finished
+
+
+def verify_drafts(plan, records: dict[str, RequestRecord], draw) -> tuple[list[int], int, int]:
+    """After a speculative step: how many drafts of each scheduled request the target rejected.
+
+    ``plan.spec_tokens[i]`` drafts of ``plan.scheduled[i]`` were verified; ``draw(record, d)``
+    says how many of them the target accepted (a prefix, 0..d), counted in the request's record
+    (vLLM counts every accepted draft in its spec-decode stats, even those past a stop).
+    Returns the rejected counts in batch order (for ``Policy.reject_drafts``, which steps
+    ``num_computed_tokens`` back as vLLM's ``update_from_output`` does), and the step's drafts
+    verified and accepted."""
+    scheduled = plan.scheduled
+    rejected = [0] * len(scheduled)
+    proposed = accepted = 0
+    for i, d in enumerate(plan.spec_tokens):
+        if d:
+            rec = records[scheduled[i].id]
+            a = draw(rec, d)
+            rejected[i] = d - a
+            rec.spec_steps += 1
+            rec.spec_proposed += d
+            rec.spec_accepted += a
+            proposed += d
+            accepted += a
+    return rejected, proposed, accepted
+
+
+def emit_caught_up(scheduled: list[Request], records: dict[str, RequestRecord], step: int,
+                   now: float) -> list[Request]:
+    """Emit, at ``now``, every token a scheduled request has computed past its outputs: a
+    request whose ``num_computed_tokens`` reached ``prompt_tokens + num_output_tokens + m - 1``
+    emits ``m`` tokens (``m = 1`` for a decode or a completed prefill, more after accepted drafts),
+    recorded as token-time runs (tokens of one step share its end time), and stops at its
+    ``finish_at``. Returns the requests that finished, in batch order."""
+    finished = []
+    for req in scheduled:
+        out = req.num_output_tokens
+        m = req.num_computed_tokens - req.prompt_tokens - out + 1
+        if m <= 0:
+            continue
+        rec = records[req.id]
+        if out + m > rec.finish_at:
+            m = rec.finish_at - out
+        for t in range(out, out + m):
+            if t == 0:
+                rec.first_token_s = now
+                rec.run_step = step
+                rec.run_tok = 0
+            elif step - rec.run_step != t - rec.run_tok:
+                rec.break_run(step, t)
+        req.num_output_tokens = out + m
+        if out + m >= rec.finish_at:
+            req.status = _FINISHED
+            rec.finish_s = now
+            finished.append(req)
     return finished
 
 

@@ -38,6 +38,8 @@ STEP_COLUMNS = (
     "kv_reserved_tokens",
     "kv_used_tokens",
     "recomputed_tokens",  # of the step's tokens, KV computed again after a recompute preemption
+    "spec_proposed",  # speculative decoding: draft tokens the step verified (in batch_tokens)
+    "spec_accepted",  # of those, the ones the target accepted (each emitted with the bonus token)
     "prefix_hit_tokens",  # prompt tokens the prefix cache served to the requests first admitted this step
     "flops",
     "bytes",
@@ -72,12 +74,13 @@ class ReplicaSteps:
         return len(self.ends)
 
     def append(self, end: float, start: float, duration: float, policy, shape, plan: StepPlan,
-               n_finished: int, flops, bytes_, swap_s: float = 0.0, recomputed: int = 0) -> None:
+               n_finished: int, flops, bytes_, swap_s: float = 0.0, recomputed: int = 0,
+               spec_proposed: int = 0, spec_accepted: int = 0) -> None:
         """One step's row: its times, its shape and plan, and the policy's figures after it
         (after ``finish_step``)."""
         reserved, used = policy.kv_tokens_reserved_and_used()
         (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
-         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp, a_hit) = self._append
+         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp, a_prop, a_acc, a_hit) = self._append
         a_start(start)
         a_dur(duration)
         a_run(policy.num_running)
@@ -98,6 +101,8 @@ class ReplicaSteps:
         a_res(reserved)
         a_used(used)
         a_recomp(recomputed)
+        a_prop(spec_proposed)
+        a_acc(spec_accepted)
         hits = plan.prefix_hit_tokens
         a_hit(sum(hits.values()) if hits else 0)
         self._add_maybe_int("flops", flops)
@@ -127,7 +132,8 @@ class ReplicaSteps:
             cols[name].extend(array("q", (value,)) * k)
         zeros = array("q", (0,)) * k
         for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
-                     "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens", "prefix_hit_tokens"):
+                     "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens",
+                     "spec_proposed", "spec_accepted", "prefix_hit_tokens"):
             cols[name].extend(zeros)
         if finished:
             cols["finished"][-1] = finished

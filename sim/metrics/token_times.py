@@ -73,15 +73,14 @@ def itl_stats_from_runs(replicas, records) -> dict:
     np.add.at(weight, starts[long_runs] + lengths[long_runs] - 1, -1)
     weight = np.cumsum(weight)[: max(n_steps - 1, 0)]
     gaps = np.diff(ends) if n_steps > 1 else np.zeros(0)
-    # gaps between the runs of one request: previous run's last token to next run's first
-    multi = np.flatnonzero(counts > 1)
-    cross = []
-    if multi.size:
-        first_run = np.cumsum(counts) - counts
-        for i in multi:
-            a = int(first_run[i])
-            for j in range(a, a + int(counts[i]) - 1):
-                cross.append(ends[starts[j + 1]] - ends[starts[j] + lengths[j] - 1])
+    # gaps between the runs of one request: previous run's last token to next run's first (in
+    # record order, then run order; zero between the tokens of a speculative step's burst)
+    cross = np.zeros(0)
+    if (counts > 1).any():
+        has_next = np.ones(len(starts), dtype=bool)
+        has_next[(np.cumsum(counts) - 1)[counts > 0]] = False  # each record's last run
+        j = np.flatnonzero(has_next)
+        cross = ends[starts[j + 1]] - ends[starts[j] + lengths[j] - 1]
     keep = weight > 0
     values = np.concatenate([gaps[keep], np.asarray(cross, dtype=np.float64)])
     weights = np.concatenate([weight[keep], np.ones(len(cross), dtype=np.int64)])

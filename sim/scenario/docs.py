@@ -52,7 +52,7 @@ def _field_docs(cls: type[BaseModel], prefix: str) -> list[dict[str, str]]:
                      "description": field.description or ""})
         for sub, sub_prefix in _sub_models(ann, key):
             rows.extend(_field_docs(sub, sub_prefix))
-    if cls is PolicyEntry:
+    if issubclass(cls, PolicyEntry):
         rows.append({"key": f"{prefix}<knob>", "type": "per policy", "default": "the policy's own",
                      "description": "any knob of the named policy (`cbsim policies` lists them)"})
     return rows

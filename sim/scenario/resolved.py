@@ -61,10 +61,27 @@ class Deployment:
         from sim.scenario.batch_limits import sized_for
 
         scn = sized_for(self.scenario, self.gpu, policy, knobs)
+        if _kv_sizing(policy) == "trtllm":
+            return trtllm_limits(scn, self.model, self.gpu, knobs or {})
         if scn is self.scenario:
             return self.limits
         limits = engine_limits(scn, self.model, self.gpu)
         return self.limits if limits == self.limits else limits
+
+    def kv_sizing(self, policy: str, knobs: dict | None = None) -> str:
+        """How the policy's KV pool was sized, in words with the figures (the run's summary meta)."""
+        e = self.scenario.engine
+        if _kv_sizing(policy) == "trtllm":
+            from sim.hardware.trtllm_kv import trtllm_pool
+            from sim.scenario.batch_limits import sized_for
+
+            return trtllm_pool(sized_for(self.scenario, self.gpu, policy, knobs), self.model, self.gpu,
+                               knobs or {}).note
+        if e.num_gpu_blocks is not None:
+            return f"pinned: engine.num_gpu_blocks {e.num_gpu_blocks} of {e.block_size} tokens"
+        limits = self.limits_for(policy, knobs)
+        return (f"vLLM: (memory × gpu_memory_utilization {self.scenario.hardware.gpu_memory_utilization} − weights − "
+                f"profiling peak) = {limits.num_gpu_blocks:,} usable blocks of {limits.block_size}")
 
     def latency(self):
         """A fresh latency model for one replica (backends keep per-replica state such as warnings)."""
@@ -91,6 +108,26 @@ def engine_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec) -> EngineLimits
         max_model_len=e.max_model_len,
         device=device_of(gpu, scn.hardware.tensor_parallel),
     )
+
+
+def _kv_sizing(policy: str) -> str:
+    from policies.registry import POLICIES
+
+    cls = POLICIES.get(policy)
+    return cls.kv_sizing if cls is not None else "vllm"
+
+
+def trtllm_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec, knobs: dict) -> EngineLimits:
+    """The engine section with the KV pool sized as TensorRT-LLM sizes it (sim/hardware/trtllm_kv.py):
+    blocks of ``tokens_per_block`` tokens, no CPU swap pool."""
+    from sim.hardware.trtllm_kv import trtllm_pool
+    from sim.scenario.batch_limits import device_of
+
+    pool = trtllm_pool(scn, model, gpu, knobs)
+    e = scn.engine
+    return EngineLimits(block_size=pool.tokens_per_block, num_gpu_blocks=pool.num_blocks, num_cpu_blocks=0,
+                        max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                        max_model_len=e.max_model_len, device=device_of(gpu, scn.hardware.tensor_parallel))
 
 
 def resolve(scn: Scenario) -> Deployment:

@@ -550,6 +550,91 @@ class Workload(BaseModel):
 # ------------------------------------------------------------------------------------------------
 # policies, SLO, replicas
 # ------------------------------------------------------------------------------------------------
+SPEC_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft")
+MAX_SPEC_TOKENS = 32
+
+
+class SpecAcceptance(BaseModel):
+    """How often the target accepts draft tokens (``sim.speculative.acceptance``): exactly one key."""
+
+    model_config = _cfg()
+
+    rate: float | None = Field(None, ge=0, le=1, description="one acceptance rate for every draft "
+                               "position (the geometric model: each draft accepted with this probability "
+                               "once the drafts before it were)")
+    per_position: list[float] | None = Field(None, min_length=1, description="vLLM's per-position "
+                                             "acceptance rates: the fraction of drafts at position 1, 2, "
+                                             "... accepted (non-increasing, one per draft token)")
+    mean_length: float | None = Field(None, ge=1, description="a measured mean acceptance length: tokens "
+                                      "emitted per verification step, the bonus token included (as the "
+                                      "EAGLE papers report it); turned into the geometric rate")
+
+    @model_validator(mode="after")
+    def _check(self) -> SpecAcceptance:
+        given = [k for k in ("rate", "per_position", "mean_length") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise KeyedError("rate", "give exactly one of rate, per_position, mean_length"
+                                     + (f" (got {', '.join(given)})" if given else ""))
+        pp = self.per_position
+        if pp is not None:
+            if any(not 0 <= r <= 1 for r in pp):
+                raise KeyedError("per_position", f"rates must be in [0, 1], got {pp}")
+            if any(b > a for a, b in zip(pp, pp[1:])):
+                raise KeyedError("per_position", f"must be non-increasing (a draft is accepted only "
+                                                 f"after every draft before it), got {pp}")
+        return self
+
+
+class Speculative(BaseModel):
+    """Speculative decoding on a policy entry (vllm-v1): a drafter proposes, the target verifies."""
+
+    model_config = _cfg()
+
+    method: Literal["ngram", "eagle", "eagle3", "mtp", "draft"] = Field(
+        description="the drafter (required): ngram (prompt lookup on the CPU), eagle / eagle3 (a one-layer "
+                    "head on the target's hidden states), mtp (the model's multi-token-prediction layer), "
+                    "draft (a smaller model, draft_model)")
+    num_speculative_tokens: int = Field(gt=0, le=MAX_SPEC_TOKENS, description="draft tokens proposed per "
+                                        "request and step, k (required; vLLM's num_speculative_tokens)")
+    acceptance: SpecAcceptance = Field(description="acceptance of the drafts (required): rate, "
+                                                   "per_position or mean_length")
+    draft_model: str | None = Field(
+        None, description="method draft: the draft model, a model id or ORG/NAME of a config.json found "
+                          "locally (cbsim models), priced on the roofline; unused by the other methods")
+    draft_vocab_size: int | None = Field(None, gt=0, description="eagle / eagle3: rows of the head's LM "
+                                         "head; null: the target's vocabulary (eagle) or 32000 (eagle3, as "
+                                         "the published Llama-3.1-8B EAGLE-3 head)")
+    propose_s_per_request: float | None = Field(None, ge=0, description="ngram: CPU seconds of the n-gram "
+                                                "search per proposing request and step; null: 1e-05 (an "
+                                                "assumption)")
+
+    @model_validator(mode="after")
+    def _check(self) -> Speculative:
+        k = self.num_speculative_tokens
+        acc = self.acceptance
+        if acc.per_position is not None and len(acc.per_position) != k:
+            raise KeyedError("acceptance.per_position", f"needs one rate per draft token: "
+                                                        f"{len(acc.per_position)} given, num_speculative_tokens is {k}")
+        if acc.mean_length is not None and acc.mean_length > k + 1:
+            raise KeyedError("acceptance.mean_length", f"at most num_speculative_tokens + 1 = {k + 1} tokens "
+                                                       f"a step, got {acc.mean_length}")
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise KeyedError("draft_model", "required by method draft (the draft model)" if self.method == "draft"
+                             else f"only used by method draft, not {self.method!r}")
+        if self.draft_model is not None:
+            from sim.hardware.models import get_model
+
+            try:
+                get_model(self.draft_model)
+            except CbsimError as exc:
+                raise KeyedError("draft_model", str(exc)) from None
+        if self.draft_vocab_size is not None and self.method not in ("eagle", "eagle3"):
+            raise KeyedError("draft_vocab_size", f"only used by methods eagle and eagle3, not {self.method!r}")
+        if self.propose_s_per_request is not None and self.method != "ngram":
+            raise KeyedError("propose_s_per_request", f"only used by method ngram, not {self.method!r}")
+        return self
+
+
 class PolicyEntry(BaseModel):
     """One policy to simulate, with its knobs (``cbsim policies`` lists them)."""
 
@@ -557,6 +642,8 @@ class PolicyEntry(BaseModel):
 
     name: str = Field(description="policy id (required): a key of policies.registry.POLICIES")
     label: str | None = Field(None, description="the name in results and plots; default: name; unique")
+    speculative: Speculative | None = Field(None, description="speculative decoding (vllm-v1 only): "
+                                            "method, num_speculative_tokens, acceptance; null: none")
 
     @model_validator(mode="after")
     def _check(self) -> PolicyEntry:
@@ -565,10 +652,14 @@ class PolicyEntry(BaseModel):
             raise KeyedError("name", f"unknown policy {self.name!r}{nearest(self.name, registry)}; "
                                      f"policies: {', '.join(registry)}")
         cls = registry[self.name]
+        if self.speculative is not None and not getattr(cls, "supports_speculation", False):
+            supported = [n for n, c in registry.items() if getattr(c, "supports_speculation", False)]
+            raise KeyedError("speculative", f"policy {self.name!r} does not model speculative decoding; "
+                                            f"drop the key or use {', '.join(supported)}")
         knobs = getattr(cls, "KNOBS", {})
         for key, value in (self.__pydantic_extra__ or {}).items():
             if key not in knobs:
-                allowed = ["name", "label", *knobs]
+                allowed = ["name", "label", *(["speculative"] if cls.supports_speculation else []), *knobs]
                 raise KeyedError(key, f" for policy {self.name!r}{nearest(key, allowed)}; "
                                       f"allowed keys: {', '.join(allowed)}", unknown=True)
             problem = _knob_type_problem(knobs[key], value)
@@ -582,6 +673,12 @@ class PolicyEntry(BaseModel):
     def knobs(self) -> dict[str, Any]:
         """The knobs this entry sets (the policy supplies its defaults for the rest)."""
         return dict(self.__pydantic_extra__ or {})
+
+
+class PoolPolicyEntry(PolicyEntry):
+    """A disaggregated pool's scheduler: a policy entry without speculative decoding."""
+
+    speculative: Any = Field(None, description="not modelled in disaggregated pools: must be left out")
 
 
 def _check_knob_values(cls, knobs: dict[str, Any]) -> None:
@@ -670,7 +767,7 @@ class DisaggPool(BaseModel):
                                                     "left out take the scenario's engine; null: the scenario's")
     latency: Latency | None = Field(None, description="step time model of this pool (a table measured on "
                                                       "its GPU); null: the scenario's latency")
-    policy: PolicyEntry = Field(default_factory=lambda: PolicyEntry(name="vllm-v1"),
+    policy: PoolPolicyEntry = Field(default_factory=lambda: PoolPolicyEntry(name="vllm-v1"),
                                 description="the scheduler of this pool's instances, with its knobs; it "
                                             "must hand KV blocks over (vllm-v1)")
 
@@ -679,6 +776,9 @@ class DisaggPool(BaseModel):
         from policies.base import EngineLimits
         from policies.kv.paged import PagedKVManager
 
+        if self.policy.speculative is not None:
+            raise KeyedError("policy.speculative", "speculative decoding is not modelled in disaggregated "
+                                                   "pools; drop the key (or simulate it as a colocated policy)")
         cls = policy_registry()[self.policy.name]
         if not isinstance(getattr(cls(EngineLimits(), **self.policy.knobs()), "kv", None), PagedKVManager):
             raise KeyedError("policy.name", f"{self.policy.name!r} cannot hand a request's KV blocks to "

@@ -1,0 +1,618 @@
+"""TensorRT-LLM's in-flight batching (TensorRT-LLM 1.2.1, PyTorch backend, the default ``PyExecutor``).
+
+Release followed: **TensorRT-LLM v1.2.1** (tag ``376f7e1b``); the rules are in C++ and the
+PyTorch executor binds them (``tensorrt_llm/_torch/pyexecutor/_util.py`` L855-860 builds
+``BindCapacityScheduler`` and ``BindMicroBatchScheduler``). docs/trtllm.md cites each rule with its
+file and line; in short, one call to :meth:`TrtllmPolicy.schedule` is one executor iteration:
+
+1. **Active list.** Requests leave the waiting queue first come, first served
+   (``SchedulerConfig.waiting_queue_policy`` = ``fcfs``, the only value) into the *active list*
+   until it holds ``max_batch_size`` requests (``PyExecutor.max_num_active_requests``); the active
+   list keeps arrival order, and a paused request keeps its place in it.
+2. **Capacity scheduler** (``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp``), which
+   requests may run, by ``capacity_scheduler_policy``:
+
+   - ``GUARANTEED_NO_EVICT`` (the default, ``llm_args.py`` L1467-1469): every request in
+     generation runs, and its *remaining blocks to completion*
+     (``ceil(min(prompt + max_new_tokens, max_seq_len) / tokens_per_block)`` minus the blocks it
+     holds, ``kvCacheManager.cpp::getRemainingBlocksToCompletion`` L2267-2287) is taken from the
+     free blocks (``NoEvictScheduledBlocksManager``, ``scheduledBlocksManager.cpp``); then the
+     other requests (contexts, in active order) join while their own remaining blocks fit what is
+     left, and the first that does not stops admission. Nothing is ever evicted.
+   - ``MAX_UTILIZATION``: requests in active order, each needing only its *next step's* blocks
+     (``getNeededBlocksOneStep``: a new context its whole prompt, a decode one block at a block
+     boundary); when one does not fit, the *last started* request at or after it (a decode or a
+     context past its first chunk) is paused (``schedulingRemoveSequence``) and the fit retried;
+     with none to pause, scheduling stops. A paused request frees its KV, becomes a context again
+     whose prompt is its prompt plus what it generated (``LlmRequest::pause``) and recomputes it
+     later, from its place in the active list.
+   - ``STATIC_BATCH``: ``GUARANTEED_NO_EVICT`` that admits new requests only when nothing is in
+     generation (``GuaranteedNoEvictScheduler::impl<true>``).
+
+   With ``enable_block_reuse``, a new context whose first not-yet-cached block another context
+   scheduled in this step (or one mid-chunk) is contributing is skipped for this step, so that it
+   reuses that block next step instead of computing it twice (``beneficialToSkip``).
+3. **Micro-batch scheduler** (``microBatchScheduler.cpp::operator()``), over the fitting requests
+   in the capacity scheduler's order (generation first, then contexts, under the no-evict
+   policies): a decode costs one token, a context without chunking its whole length, and the
+   first one that overflows ``max_num_tokens`` *stops the pass* (later requests wait a step); at
+   most ``max_batch_size`` requests. With ``enable_chunked_prefill`` the contexts are collected
+   and, if they do not all fit the tokens the decodes left, cut by ``context_chunking_policy``:
+   ``FIRST_COME_FIRST_SERVED`` fills the rest in order, each cut chunk rounded down to a multiple
+   of the chunk unit (``tokens_per_block``, ``py_executor_creator.py``); ``EQUAL_PROGRESS`` gives
+   every context one unit per round while the budget lasts. A chunk of 0 waits. Context chunks and
+   decodes share the step: the forward runs the contexts, then the decodes.
+4. **KV** (``kvCacheManager.cpp``): blocks of ``tokens_per_block`` (32) tokens. A context's
+   first chunk looks up reusable blocks of its prompt (``enable_block_reuse``, on by default) and
+   starts after them (``LlmRequest::setPrepopulatedPromptLen``: at least one token is computed;
+   a chunk that would end mid-block is cut back to the block boundary); finished requests leave
+   their blocks cached, evicted least recently used first.
+
+What a client sees when the engine is full: the request queues (waiting queue, then the active
+list) until the capacity scheduler admits it; TensorRT-LLM has no HTTP 429 of its own.
+
+Where cbsim differs, on purpose and without changing a decision the engine makes:
+
+* KV blocks are taken per computed chunk from the shared paged KV manager
+  (:class:`policies.kv.paged.PagedKVManager`), not for the whole prompt at the first chunk; the
+  capacity checks count blocks as TensorRT-LLM does (the prompt blocks a started context has yet
+  to take count as held by it, not free: ``_free_blocks``), so every admission and pause is the
+  engine's.
+* Reuse is of whole blocks, registered as they are computed (vLLM-style hashes): TensorRT-LLM
+  also reuses a partly matching last block (``enable_partial_reuse``) and stores a context's
+  blocks when its context phase ends, so a request arriving while another is mid-context may
+  reuse that one's finished chunks a little earlier here.
+* Where TensorRT-LLM would wait forever or raise, the request is rejected with a reason: a prompt
+  of ``max_seq_len`` tokens or more (``default_max_tokens <= 0`` in ``base_worker.py``), a
+  reservation larger than the whole pool, a context longer than ``max_num_tokens`` with chunking
+  off (``TLLM_CHECK`` in the micro-batch scheduler), a paused context larger than the pool.
+
+Not modelled: ``max_attention_window`` (cyclic KV of sliding windows), beam search, draft tokens,
+LoRA pages, pipeline-parallel micro-batches (``inflight_request_ids``), host KV offload, the
+overlap scheduler's one-step lookahead.
+
+KV pool size: sim/hardware/trtllm_kv.py sizes it as TensorRT-LLM does, from
+``free_gpu_memory_fraction`` of the memory left after weights and the profiling pass.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
+from policies.kv.paged import PagedKVManager
+
+TRTLLM_RELEASE = "1.2.1"
+CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
+CHUNKING_POLICIES = ("FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS")
+WAITING_QUEUE_POLICIES = ("fcfs",)
+# llm_args.py (BaseLlmArgs.max_batch_size, max_num_tokens)
+TRTLLM_MAX_BATCH_SIZE = 2048
+TRTLLM_MAX_NUM_TOKENS = 8192
+# Request.policy_state: False a context, True in generation, HANDOFF a request handed over with its
+# prompt's KV computed elsewhere (disaggregated serving: TensorRT-LLM's DISAGG_GENERATION_INIT),
+# holding no blocks here until the capacity scheduler admits it
+HANDOFF = "handoff"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class TrtllmPolicy(Policy):
+    name = "trtllm"
+    summary = (
+        f"TensorRT-LLM {TRTLLM_RELEASE} (PyTorch backend): active list of max_batch_size, capacity "
+        "scheduler (GUARANTEED_NO_EVICT reserves KV to completion; MAX_UTILIZATION pauses the newest), "
+        "micro-batch scheduler under max_num_tokens, chunked context, block reuse"
+    )
+    engine_defaults_source = (
+        f"TensorRT-LLM {TRTLLM_RELEASE}'s own (tensorrt_llm/llmapi/llm_args.py): max_batch_size "
+        f"{TRTLLM_MAX_BATCH_SIZE} / max_num_tokens {TRTLLM_MAX_NUM_TOKENS} on every device"
+    )
+    kv_sizing = "trtllm"  # sim/hardware/trtllm_kv.py sizes the pool (free_gpu_memory_fraction)
+    KNOBS = {
+        "capacity_scheduler_policy": Knob(
+            "GUARANTEED_NO_EVICT",
+            "GUARANTEED_NO_EVICT: admit only with KV reserved for prompt + max_tokens, never evict; "
+            "MAX_UTILIZATION: admit on next-step blocks, pause the newest started request when short; "
+            "STATIC_BATCH: no-evict, admitting only when nothing is generating",
+            str,
+        ),
+        "enable_chunked_prefill": Knob(
+            False,
+            "split contexts into chunks to fill max_num_tokens (off by default in TensorRT-LLM's LLM API)",
+            bool,
+        ),
+        "context_chunking_policy": Knob(
+            "FIRST_COME_FIRST_SERVED",
+            "with chunking: FIRST_COME_FIRST_SERVED fills the budget in order; EQUAL_PROGRESS gives "
+            "every context one tokens_per_block unit per round",
+            str,
+        ),
+        "waiting_queue_policy": Knob("fcfs", "order requests leave the waiting queue (fcfs, the only value)", str),
+        "tokens_per_block": Knob(32, "tokens per KV block (kv_cache_config.tokens_per_block); also the chunk unit",
+                                 int),
+        "enable_block_reuse": Knob(True, "reuse cached KV blocks of identical prompt prefixes (on by default)",
+                                   bool),
+        "free_gpu_memory_fraction": Knob(
+            0.9,
+            "fraction of the memory left after weights and the profiling pass that the KV cache takes "
+            "(kv_cache_config; read when the pool is sized)",
+            float,
+        ),
+    }
+
+    @classmethod
+    def engine_defaults(cls, limits: EngineLimits, knobs: dict[str, Any]) -> tuple[int, int]:
+        """TensorRT-LLM's ``max_batch_size`` / ``max_num_tokens`` (llm_args.py), on every device."""
+        seqs = limits.max_num_seqs if limits.max_num_seqs is not None else TRTLLM_MAX_BATCH_SIZE
+        tokens = limits.max_num_batched_tokens if limits.max_num_batched_tokens is not None else TRTLLM_MAX_NUM_TOKENS
+        return seqs, tokens
+
+    def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
+        super().__init__(limits, **knobs)
+        k = self.knobs
+        for key, allowed in (("capacity_scheduler_policy", CAPACITY_POLICIES),
+                             ("context_chunking_policy", CHUNKING_POLICIES),
+                             ("waiting_queue_policy", WAITING_QUEUE_POLICIES)):
+            if k[key] not in allowed:
+                raise ValueError(f"trtllm {key} must be one of {list(allowed)}, got {k[key]!r}")
+        tpb = int(k["tokens_per_block"])
+        if tpb < 1:
+            raise ValueError(f"trtllm tokens_per_block must be >= 1, got {tpb}")
+        if not 0.0 < float(k["free_gpu_memory_fraction"]) <= 1.0:
+            raise ValueError(f"trtllm free_gpu_memory_fraction must be in (0, 1], got {k['free_gpu_memory_fraction']}")
+        pool_tokens = limits.num_gpu_blocks * limits.block_size
+        blocks = pool_tokens // tpb
+        if blocks < 1:
+            raise ValueError(f"trtllm: a KV pool of {pool_tokens} tokens holds no block of tokens_per_block {tpb}; "
+                             f"lower tokens_per_block or give the pool more memory")
+        self.chunked = bool(k["enable_chunked_prefill"])
+        if self.chunked and limits.max_num_batched_tokens < tpb:
+            raise ValueError(f"trtllm: max_num_tokens {limits.max_num_batched_tokens} is smaller than the chunk "
+                             f"unit tokens_per_block {tpb}; a cut context chunk could never be scheduled")
+        policy = k["capacity_scheduler_policy"]
+        self.no_evict = policy != "MAX_UTILIZATION"
+        self.static = policy == "STATIC_BATCH"
+        self.equal_progress = k["context_chunking_policy"] == "EQUAL_PROGRESS"
+        self.reuse = bool(k["enable_block_reuse"])
+        self.B = tpb
+        self.num_blocks = blocks
+        self.max_batch = limits.max_num_seqs
+        self.budget = limits.max_num_batched_tokens
+        self.kv = PagedKVManager(blocks, tpb, limits.max_model_len, enable_caching=self.reuse)
+        self.active: list[Request] = []  # arrival order; policy_state True: in generation
+        self.queue: deque[Request] = deque()
+        self._rejected: list[Request] = []
+        self._hashes: dict[Request, Any] = {}  # block hashes of prompts (beneficialToSkip)
+        self._started = 0  # active requests holding KV (num_computed_tokens > 0)
+        self._stored_tokens = 0  # sum of num_computed_tokens over requests holding blocks
+
+    # --- requests in and out ---------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        lim, B = self.limits, self.B
+        if req.prompt_tokens >= lim.max_model_len:
+            self._reject(req, f"prompt of {req.prompt_tokens} tokens leaves no room for an output token within "
+                              f"max_seq_len {lim.max_model_len}")
+            return
+        if not self.chunked and not req.num_computed_tokens and req.prompt_tokens > self.budget:
+            self._reject(req, f"prompt of {req.prompt_tokens} tokens exceeds max_num_tokens {self.budget} and "
+                              f"enable_chunked_prefill is off")
+            return
+        if self.no_evict and self._total_blocks(req) > self.num_blocks:
+            self._reject(req, f"reserving prompt + max_tokens ({self._total_tokens(req)} tokens) needs "
+                              f"{self._total_blocks(req)} KV blocks; the whole pool has {self.num_blocks}")
+            return
+        if _cdiv(req.prompt_tokens, B) > self.num_blocks:
+            self._reject(req, f"prompt of {req.prompt_tokens} tokens needs {_cdiv(req.prompt_tokens, B)} KV blocks; "
+                              f"the whole pool has {self.num_blocks}")
+            return
+        req.status = Status.WAITING
+        req.policy_state = HANDOFF if req.num_computed_tokens else False
+        if len(self.active) < self.max_batch:
+            self.active.append(req)
+        else:
+            self.queue.append(req)
+
+    def _reject(self, req: Request, reason: str) -> None:
+        req.status = Status.REJECTED
+        req.reject_reason = reason
+        self._rejected.append(req)
+
+    def _drop(self, req: Request, reason: str) -> None:
+        """Reject a request of the active list (it holds no KV)."""
+        self.kv.release(req)
+        self._hashes.pop(req, None)
+        self.active.remove(req)
+        self._reject(req, reason)
+
+    def _refill(self) -> None:
+        active, queue = self.active, self.queue
+        while queue and len(active) < self.max_batch:
+            active.append(queue.popleft())
+
+    # --- block arithmetic (kvCacheManager.cpp) -----------------------------------------------------
+    def _total_tokens(self, r: Request) -> int:
+        return min(r.prompt_tokens + r.max_tokens, self.limits.max_model_len)
+
+    def _total_blocks(self, r: Request) -> int:
+        return _cdiv(self._total_tokens(r), self.B)
+
+    def _held(self, r: Request) -> int:
+        """Blocks the request holds as TensorRT-LLM counts them: a started context holds its whole
+        prompt (``addSequence`` at its first chunk), anything else the blocks of its computed tokens."""
+        c = r.num_computed_tokens
+        if r.policy_state is HANDOFF:
+            return 0
+        if c and not r.policy_state:
+            return _cdiv(r.num_tokens, self.B)
+        return _cdiv(c, self.B)
+
+    def _free_blocks(self) -> int:
+        """Free blocks as TensorRT-LLM counts them: here a started context takes its prompt's blocks
+        chunk by chunk, so the ones it has yet to take are not free."""
+        free = self.kv.num_free_blocks
+        B = self.B
+        for r in self.active:
+            c = r.num_computed_tokens
+            if c and not r.policy_state:
+                free -= _cdiv(r.num_tokens, B) - _cdiv(c, B)
+        return free
+
+    def _remaining_to_completion(self, r: Request) -> int:
+        """getRemainingBlocksToCompletion: blocks to completion minus the blocks it holds."""
+        return self._total_blocks(r) - self._held(r)
+
+    def _needed_one_step(self, r: Request) -> int:
+        """getNeededBlocksOneStep: a new context its whole prompt, a started one nothing more, a
+        decode one block when its next token starts one."""
+        B = self.B
+        c = r.num_computed_tokens
+        if r.policy_state is HANDOFF:
+            return _cdiv(c + 1, B)  # the transferred KV and its next token
+        if r.policy_state:
+            return _cdiv(c + 1, B) - _cdiv(c, B)
+        return 0 if c else _cdiv(r.num_tokens, B)
+
+    # --- beneficialToSkip (capacityScheduler.cpp) ---------------------------------------------------
+    def _new_context_block(self, r: Request) -> int | None:
+        """The hash of the first full block of the request's prompt not in the cache (None: all cached)."""
+        kv = self.kv
+        rh = self._hashes.get(r)
+        if rh is None:
+            rh = self._hashes[r] = kv.hasher.new_request(r.prompt_runs, r.prompt_tokens, r.output_key)
+        start = _cdiv(r.num_computed_tokens, self.B) if r.num_computed_tokens else 0
+        for i in range(start, r.num_tokens // self.B):
+            h = kv.hasher.hash_at(rh, i)
+            if kv.pool.get_cached_block(h) is None:
+                return h
+        return None
+
+    def _contributions(self) -> set[int]:
+        """prefillWithChunkedContextsAlreadyExecuting: blocks contexts past their first chunk contribute."""
+        out: set[int] = set()
+        for r in self.active:
+            if not r.policy_state and r.num_computed_tokens:
+                h = self._new_context_block(r)
+                if h is not None:
+                    out.add(h)
+        return out
+
+    def _skip(self, r: Request, contributed: set[int]) -> bool:
+        if r.policy_state or r.num_computed_tokens:
+            return False  # only a context at its first chunk may be skipped (not a hand-off either)
+        h = self._new_context_block(r)
+        if h is None:
+            return False
+        if h in contributed:
+            return True
+        contributed.add(h)
+        return False
+
+    # --- capacity scheduler -------------------------------------------------------------------------
+    def _capacity_no_evict(self) -> list[Request]:
+        """GuaranteedNoEvictScheduler::impl (StaticBatchScheduler: impl<true>)."""
+        avail = self._free_blocks()
+        scheduled: list[Request] = []
+        pending: list[Request] = []
+        handoffs: list[Request] = []
+        for r in self.active:
+            if len(scheduled) >= self.max_batch:
+                break
+            if r.policy_state is True:
+                scheduled.append(r)
+                avail -= self._remaining_to_completion(r)
+            elif r.policy_state is HANDOFF:
+                handoffs.append(r)
+            else:
+                pending.append(r)
+        if self.static and scheduled:
+            return scheduled
+        contributed = self._contributions() if self.reuse and not self.static else None
+        for group in (handoffs, pending):  # pendingDisGenInitRequests first; a break ends one group
+            for r in group:
+                if r.policy_state is not HANDOFF and contributed is not None and self._skip(r, contributed):
+                    continue
+                if len(scheduled) >= self.max_batch:
+                    break
+                need = self._remaining_to_completion(r)
+                if need > avail:
+                    break
+                scheduled.append(r)
+                avail -= need
+        return scheduled
+
+    def _capacity_max_utilization(self, plan: StepPlan) -> list[Request]:
+        """MaxUtilizationScheduler::operator(): greedy, pausing the last started request."""
+        active = self.active
+        free = self._free_blocks()
+        needed = 0
+        scheduled: list[Request] = []
+        contributed = self._contributions() if self.reuse else None
+        i, end = 0, len(active)
+        while i < end:
+            r = active[i]
+            if contributed is not None and self._skip(r, contributed):
+                i += 1
+                continue
+            need = self._needed_one_step(r)
+            unstarted = r.policy_state is HANDOFF or not (r.policy_state or r.num_computed_tokens)
+            if unstarted and need > self.num_blocks:
+                self._drop(r, f"needs {need} KV blocks at {r.num_tokens} tokens (prompt + generated); the whole "
+                              f"pool has {self.num_blocks}")
+                end -= 1
+                continue
+            if len(scheduled) < self.max_batch and needed + need <= free:
+                scheduled.append(r)
+                needed += need
+                i += 1
+                continue
+            j = end - 1
+            while j >= i and (active[j].policy_state is HANDOFF
+                              or not (active[j].policy_state or active[j].num_computed_tokens)):
+                j -= 1
+            if j < i:
+                break
+            self._pause(active[j], plan)
+            free = self._free_blocks()
+            end = j
+        return scheduled
+
+    def _pause(self, r: Request, plan: StepPlan) -> None:
+        """LlmRequest::pause: KV freed, generated tokens appended to the prompt, a context again."""
+        self.kv.free(r)
+        self._stored_tokens -= r.num_computed_tokens
+        self._started -= 1
+        r.num_computed_tokens = 0
+        r.policy_state = False
+        r.status = Status.PREEMPTED
+        r.num_preemptions += 1
+        plan.preempted.append(r)
+        if not self.chunked and r.num_tokens > self.budget:
+            self._drop(r, f"paused at {r.num_tokens} tokens (prompt + generated), more than max_num_tokens "
+                          f"{self.budget} with enable_chunked_prefill off")
+
+    # --- micro-batch scheduler ----------------------------------------------------------------------
+    def _micro_batch(self, fitting: list[Request]) -> tuple[list[tuple[Request, int]], list[Request]]:
+        """MicroBatchScheduler::operator(): (contexts with their chunk sizes, decodes)."""
+        budget = self.budget
+        batch_tokens = 0
+        count = 0
+        contexts: list[tuple[Request, int]] = []
+        chunked: list[Request] = []
+        n_chunked = 0
+        all_fit = True
+        gens: list[Request] = []
+        for r in fitting:
+            if r.policy_state:
+                if batch_tokens + 1 > budget:
+                    break
+                gens.append(r)
+                batch_tokens += 1
+            elif not self.chunked:
+                n = r.num_tokens  # getNumTokens: the whole context
+                if batch_tokens + n > budget:
+                    break
+                contexts.append((r, n))
+                batch_tokens += n
+            else:
+                remaining = r.num_tokens - r.num_computed_tokens
+                if remaining > budget:  # mMaxContextLength = max_num_tokens
+                    remaining = budget
+                    all_fit = False
+                chunked.append(r)
+                n_chunked += remaining
+            count += 1
+            if count >= self.max_batch:
+                break
+        if chunked:
+            capacity = budget - batch_tokens
+            if n_chunked > capacity:
+                all_fit = False
+            rem = [r.num_tokens - r.num_computed_tokens for r in chunked]
+            sizes = rem if all_fit else self._chunk_sizes(rem, capacity)
+            contexts.extend((r, n) for r, n in zip(chunked, sizes) if n > 0)
+        return contexts, gens
+
+    def _chunk_sizes(self, rem: list[int], capacity: int) -> list[int]:
+        """setCtxRequestsChunkSize: FIRST_COME_FIRST_SERVED or EQUAL_PROGRESS, in units of tokens_per_block."""
+        unit, limit = self.B, self.budget
+        if not self.equal_progress:
+            sizes = []
+            for left in rem:
+                size = min(left, capacity, limit)
+                if size != left:
+                    size = size // unit * unit
+                sizes.append(size)
+                capacity -= size
+            return sizes
+        sizes = [0] * len(rem)
+        total, progress = 0, True
+        while total < capacity and progress:
+            progress = False
+            for idx, left in enumerate(rem):
+                past = sizes[idx]
+                actual = min(past + unit, left)
+                inc = actual - past
+                if total + inc > capacity or actual > limit:
+                    continue
+                sizes[idx] = actual
+                total += inc
+                progress = progress or inc > 0
+        return sizes
+
+    # --- one iteration ------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        if self.no_evict:
+            fitting = self._capacity_no_evict()
+        else:
+            fitting = self._capacity_max_utilization(plan)
+        contexts, gens = self._micro_batch(fitting)
+        kv, B = self.kv, self.B
+        for r, n in contexts:
+            if r.num_computed_tokens == 0:  # first chunk: reuse, then allocate (add_sequence)
+                hits, n_cached = kv.get_computed_blocks(r) if self.reuse else ([], 0)
+                if n_cached and n_cached + n < r.num_tokens:  # setPrepopulatedPromptLen: end on a block
+                    n = (n_cached + n) // B * B - n_cached
+                n = min(n, r.num_tokens - n_cached)
+                if kv.allocate_slots(r, n, n_cached, hits) is None:
+                    raise AssertionError(f"{r.id}: a context the capacity scheduler admitted does not fit")
+                if r.status is Status.WAITING:
+                    plan.admitted.append(r)
+                    if n_cached:
+                        plan.prefix_hit_tokens[r.id] = n_cached
+                r.num_computed_tokens = n_cached
+                self._stored_tokens += n_cached
+                self._started += 1
+            elif kv.allocate_slots(r, n) is None:
+                raise AssertionError(f"{r.id}: a context chunk the capacity scheduler admitted does not fit")
+            r.status = Status.RUNNING
+            c = r.num_computed_tokens
+            plan.add(r, n, c)
+            r.num_computed_tokens = c + n
+            self._stored_tokens += n
+            if c + n == r.num_tokens:
+                r.policy_state = True  # context done: it samples its token and generates from now on
+        for r in gens:
+            if kv.allocate_slots(r, 1) is None:
+                raise AssertionError(f"{r.id}: a decode the capacity scheduler admitted does not fit")
+            if r.policy_state is HANDOFF:  # admitted with its transferred KV: a decode from now on
+                r.policy_state = True
+                r.status = Status.RUNNING
+                plan.admitted.append(r)
+                self._started += 1
+                self._stored_tokens += r.num_computed_tokens
+            c = r.num_computed_tokens
+            plan.add(r, 1, c)
+            r.num_computed_tokens = c + 1
+        self._stored_tokens += len(gens)
+        if self._rejected:
+            plan.rejected, self._rejected = self._rejected, []
+            self._refill()
+        return plan
+
+    def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
+        if not finished:
+            return
+        for r in finished:  # batch order; with reuse the blocks stay cached (released to the free queue)
+            self.kv.release(r)
+            self._hashes.pop(r, None)
+            self._stored_tokens -= r.num_computed_tokens
+            self._started -= 1
+            r.status = Status.FINISHED
+        done = set(finished)
+        self.active = [r for r in self.active if r not in done]
+        self._refill()
+
+    # --- statistics ---------------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return self._started
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.queue) + len(self.active) - self._started
+
+    def has_work(self) -> bool:
+        return bool(self.active or self.queue or self._rejected)
+
+    def kv_blocks_total(self) -> int:
+        return self.num_blocks
+
+    def kv_blocks_used(self) -> int:
+        return self.kv.num_used_blocks
+
+    def kv_tokens_reserved_and_used(self) -> tuple[int, int]:
+        return self.kv.held_token_slots, self._stored_tokens
+
+    def drain(self) -> list[Request]:
+        out = self.active + list(self.queue)
+        for r in out:
+            self.kv.release(r)
+        self.active, self.queue = [], deque()
+        self._hashes.clear()
+        self._started = 0
+        self._stored_tokens = 0
+        return out
+
+    # --- pure-decode stretches (Policy.decode_stretch) ------------------------------------------------
+    def decode_stretch(self) -> tuple[list[Request], int] | None:
+        """Every started request is a decode one token away, and the next iterations until an
+        arrival or a finish schedule exactly those: no request can join the active list (the
+        waiting queue is empty or the list is full), every other active request is a context that
+        has not started and (no-evict policies) the first of them does not fit the free blocks
+        left after the decodes' reservations. That reservation arithmetic does not move while
+        only decodes run: each decode's new block lowers the free blocks and its remaining blocks
+        alike. Under MAX_UTILIZATION no unstarted context may wait (it could pause a decode), and
+        the decodes' blocks must fit (decode_stretch_limit), which is also its fit check."""
+        active = self.active
+        if self._rejected or not active or (self.queue and len(active) < self.max_batch):
+            return None
+        gens: list[Request] = []
+        first_pending = None
+        context = 0
+        for r in active:
+            c = r.num_computed_tokens
+            if r.policy_state is HANDOFF:
+                return None
+            if r.policy_state:
+                if c != r.num_tokens - 1:
+                    return None
+                gens.append(r)
+                context += c
+            elif c or not self.no_evict:
+                return None
+            elif first_pending is None:
+                first_pending = r
+        if not gens or len(gens) > self.budget:
+            return None
+        if first_pending is not None and not self.static:
+            avail = self.kv.num_free_blocks - sum(self._remaining_to_completion(r) for r in gens)
+            if self._remaining_to_completion(first_pending) <= avail:
+                return None
+        return gens, context
+
+    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
+        return self.kv.decode_stretch_limit(batch, k)
+
+    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+        kv = self.kv
+        used0, held0, stored0 = kv.num_used_blocks, kv.held_token_slots, self._stored_tokens
+        allocated = kv.advance_decodes(batch, k)
+        for r in batch:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+        b = len(batch)
+        self._stored_tokens = stored0 + b * k
+        B = self.B
+        used, reserved, stored = [], [], []
+        total = 0
+        for j, n in enumerate(allocated, 1):
+            total += n
+            used.append(used0 + total)
+            reserved.append(held0 + total * B)
+            stored.append(stored0 + b * j)
+        return used, reserved, stored

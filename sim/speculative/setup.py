@@ -1,0 +1,103 @@
+"""From a policy entry's ``speculative`` section to what a run needs: the policy switched to
+speculative scheduling, the latency model with the drafter's cost, and the acceptance draws.
+
+Why a module of its own: the runner builds replicas for many kinds of runs (sweeps, capacity
+search, plans); keeping the one place that reads the section here leaves the runner a single call.
+
+KV memory: vLLM loads the drafter's weights before it profiles memory and gives its attention
+layers KV blocks beside the target's (an EAGLE head's layer joins the KV cache groups, so one
+block holds every layer's keys and values). :meth:`Speculation.limits` takes both out of the
+pool: ``(available - draft weights) // (target block + draft block)`` blocks, less the null
+block, where ``available`` is what the target's pool was computed from. A pinned
+``engine.num_gpu_blocks`` is kept as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sim.speculative.acceptance import Acceptance, conditional_rates
+from sim.speculative.draft_cost import DraftCost, SpeculativeLatency
+
+# vLLM Scheduler.__init__ (vllm/v1/core/sched/scheduler.py): num_lookahead_tokens = num_spec_tokens
+# when speculative_config.use_eagle() (eagle, eagle3, mtp) or uses_draft_model(); 0 for n-gram
+LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft")
+
+
+@dataclass
+class Speculation:
+    cfg: object  # sim.scenario.schema.Speculative
+    acceptance: Acceptance
+    draft: DraftCost | None
+
+    @property
+    def k(self) -> int:
+        return self.cfg.num_speculative_tokens
+
+    @property
+    def lookahead(self) -> int:
+        return self.k if self.cfg.method in LOOKAHEAD_METHODS else 0
+
+    def enable(self, policy) -> None:
+        policy.enable_speculation(self.k, self.lookahead)
+
+    def wrap(self, latency):
+        return SpeculativeLatency(latency, self.draft)
+
+    def limits(self, limits, dep):
+        """``limits`` with the drafter's weights and KV taken out of the GPU block pool."""
+        from sim.hardware.kv_capacity import block_bytes, expert_parallel, reserve_bytes
+
+        scn = dep.scenario
+        if self.draft is None or self.draft.roof is None or scn.engine.num_gpu_blocks is not None:
+            return limits
+        hw, eng, tp, model = scn.hardware, scn.engine, dep.tensor_parallel, dep.model
+        available = (
+            dep.gpu.memory_bytes * hw.gpu_memory_utilization
+            - model.weight_bytes(tp, expert_parallel(hw))
+            - reserve_bytes(model, hw, tp, limits.max_num_batched_tokens, limits.max_num_seqs)
+        )
+        draft = self.draft
+        per_block = block_bytes(model, eng.block_size, tp, eng.max_model_len) + block_bytes(
+            draft.spec, eng.block_size, tp, eng.max_model_len
+        )
+        blocks = int((available - draft.weight_bytes) // per_block) - 1
+        if blocks * eng.block_size < eng.max_model_len:
+            from sim.errors import CbsimError
+
+            raise CbsimError(
+                f"with the {self.cfg.method} drafter's weights and KV, the KV cache holds {blocks} "
+                f"blocks, fewer than engine.max_model_len ({eng.max_model_len}) needs: lower "
+                f"engine.max_model_len or pin engine.num_gpu_blocks"
+            )
+        return replace(limits, num_gpu_blocks=min(blocks, limits.num_gpu_blocks))
+
+
+def speculation_for(dep, entry) -> Speculation | None:
+    """The entry's speculation on this deployment, or None when it has no ``speculative`` section."""
+    cfg = getattr(entry, "speculative", None)
+    if cfg is None:
+        return None
+    from sim.hardware.models import get_model
+
+    acc = cfg.acceptance
+    k = cfg.num_speculative_tokens
+    rates = conditional_rates(k, acc.rate, acc.per_position, acc.mean_length)
+    scn = dep.scenario
+    draft = None
+    if scn.latency.backend != "constant":  # a constant step_s is the whole step, drafting included
+        lat = scn.latency
+        draft = DraftCost(
+            cfg.method,
+            k,
+            dep.model,
+            dep.gpu,
+            dep.tensor_parallel,
+            dep.block_size,
+            draft_model=get_model(cfg.draft_model) if cfg.draft_model is not None else None,
+            draft_vocab_size=cfg.draft_vocab_size,
+            propose_s_per_request=cfg.propose_s_per_request,
+            compute_efficiency=getattr(lat, "compute_efficiency", None),
+            memory_efficiency=getattr(lat, "memory_efficiency", None),
+        )
+    return Speculation(cfg, Acceptance(rates, scn.seed), draft)

@@ -129,7 +129,7 @@ def test_every_example_runs(page, tmp_path):
             continue
         text = b["text"]
         if b["lang"] == "console":  # the commands shown, not their output
-            text = "\n".join(ln[2:] for ln in text.splitlines() if ln.startswith("$ "))
+            text = _console_commands(text)
         text = _adapt(text, d, sandbox)
         if "../shared" in text and not SHARED.is_dir():
             if os.environ.get("CI"):
@@ -143,6 +143,18 @@ def test_every_example_runs(page, tmp_path):
             _run(b["lang"], text, sandbox, where)
     if skipped and len(skipped) == len(found):
         pytest.skip("; ".join(skipped))
+
+
+def _console_commands(text: str) -> str:
+    """The ``$ `` lines of a console block, each with the lines that continue it (while its double
+    quotes are open, or it ends with a backslash); the rest is output."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and (out[-1].count('"') % 2 or out[-1].endswith("\\")):
+            out[-1] += "\n" + line
+        elif line.startswith("$ "):
+            out.append(line[2:])
+    return "\n".join(out)
 
 
 def _sandbox(tmp_path: Path) -> Path:

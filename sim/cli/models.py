@@ -26,11 +26,15 @@ def model_rows(all_: bool) -> tuple[list[dict], int]:
             if all_:
                 rows.append({"model": src.name, "source": src.origin, "layers": None, "params_b": None,
                              "experts": None, "experts_per_token": None, "priced": False,
-                             "notes": f"not priced: {str(exc).split(': ', 1)[-1]}"})
+                             "notes": f"not priced: {_reason(str(exc))}"})
             continue
-        notes = ", ".join(x for x in (spec.dtype, spec.quantization,
-                                      f"window {spec.sliding_window} on {spec.num_sliding_layers} layers"
-                                      if spec.sliding_window else None) if x)
+        notes = ", ".join(x for x in (
+            spec.dtype, spec.quantization, spec.expert_quantization and f"{spec.expert_quantization} experts",
+            spec.is_mla and f"MLA (latent {spec.kv_lora_rank} + rope {spec.qk_rope_head_dim})",
+            spec.first_k_dense_layers and f"first {spec.first_k_dense_layers} layer(s) dense",
+            f"window {spec.sliding_window} on {spec.num_sliding_layers} layers" if spec.sliding_window else None,
+            spec.attention_sinks and "sinks",
+            spec.mtp_layers and f"{spec.mtp_layers} MTP layer(s): a draft for speculative.method mtp") if x)
         rows.append({"model": src.name, "source": src.origin, "layers": spec.num_layers,
                      "params_b": round(spec.num_params() / 1e9, 2),
                      "experts": spec.num_experts if spec.is_moe else None,
@@ -48,7 +52,8 @@ def models_cmd(
     from rich.table import Table
 
     from sim.cli.output import console_for, print_json, show_table
-    from sim.hardware.model_sources import aiconfigurator_configs_dir, hf_cache_dir
+    from sim.hardware.hf_config import UNSUPPORTED
+    from sim.hardware.model_sources import SHIPPED_DIR, aiconfigurator_configs_dir, hf_cache_dir
 
     rows, skipped = model_rows(all_)
     if json_:
@@ -57,14 +62,29 @@ def models_cmd(
     console = console_for(False)
     t = Table(title="models (scenario key model:)", title_justify="left", header_style="bold")
     for col in ("model", "source", "layers", "params", "experts", "notes"):
-        # the id is never cut: it is what a scenario's model: key takes
-        t.add_column(col, no_wrap=col == "model", overflow="fold" if col != "model" else "ignore")
+        t.add_column(col)
     for r in rows:
         experts = f"{r['experts']} (top {r['experts_per_token']})" if r["experts"] else "-"
         t.add_row(r["model"], r["source"], "-" if r["layers"] is None else str(r["layers"]),
                   "-" if r["params_b"] is None else f"{r['params_b']:.2f}B", experts, r["notes"])
-    show_table(console, t, stacked="line")
+    show_table(console, t, stacked="line")  # the id is never cut: it is what a scenario's model: key takes
+    if all_:
+        left = Table(title="architectures cbsim leaves out (config.json `architectures`)", title_justify="left",
+                     header_style="bold")
+        left.add_column("architecture")
+        left.add_column("why")
+        for arch, why in sorted(UNSUPPORTED.items()):
+            left.add_row(arch, why)
+        left.add_row("(any) with NVFP4, AWQ, GPTQ weights", "only FP8 (all linear layers) and, for routed experts, "
+                     "MXFP4 and INT4 group-32 weights are priced")
+        show_table(console, left)
     folder = aiconfigurator_configs_dir()
-    console.print(f"searched: {folder or 'aiconfigurator-core (not installed)'}; {hf_cache_dir()} (never the network)"
+    console.print(f"searched: {folder or 'aiconfigurator-core (not installed)'}; {hf_cache_dir()}; {SHIPPED_DIR} "
+                  f"(never the network)"
                   + (f"; {skipped} config(s) of architectures cbsim cannot price left out (--all lists them)"
                      if skipped and not all_ else ""), highlight=False, soft_wrap=True)
+
+
+def _reason(message: str) -> str:
+    """The why of a config cbsim cannot price, without the file's path."""
+    return message.split(": ", 1)[-1].split("; supported: ")[0].split(". For another decoder")[0]

@@ -90,6 +90,20 @@ class ModelSpecConfig(BaseModel):
     num_sliding_layers: int | None = Field(None, ge=0, description="how many layers use sliding_window")
     quantization: Literal["fp8"] | None = Field(None, description="fp8: w8a8 FP8 linear layers (1 byte per "
                                                 "weight); null: weights in dtype")
+    kv_lora_rank: int | None = Field(None, ge=0, description="multi-head latent attention (DeepSeek, Kimi): "
+                                     "width of the cached KV latent; null/0: grouped-query attention")
+    qk_rope_head_dim: int | None = Field(None, ge=0, description="MLA: width of the decoupled rope key "
+                                         "(cached beside the latent)")
+    qk_nope_head_dim: int | None = Field(None, ge=0, description="MLA: per-head query/key width without rope")
+    v_head_dim: int | None = Field(None, ge=0, description="MLA: per-head value width")
+    q_lora_rank: int | None = Field(None, ge=0, description="MLA: low-rank query width; null/0: one q_proj")
+    first_k_dense_layers: int | None = Field(None, ge=0, description="MoE: leading layers with a dense MLP "
+                                             "of intermediate_size (DeepSeek's first_k_dense_replace)")
+    expert_quantization: Literal["mxfp4", "int4"] | None = Field(None, description="routed experts only: "
+                                                                 "mxfp4 (4.25 bits) or int4 group-32 (4.5 bits) "
+                                                                 "weight-only; null: as quantization")
+    attention_sinks: bool = Field(False, description="gpt-oss's per-head attention sinks (recorded; priced as "
+                                                     "zero: one logit per head)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpecConfig:
@@ -448,6 +462,49 @@ class Prefix(BaseModel):
                                                              "prompt shorter than this is all prefix")
 
 
+class SystemPrompt(BaseModel):
+    """The system prompts sessions start with: each session draws one of ``num_groups`` uniformly."""
+
+    model_config = _cfg()
+
+    num_groups: int = Field(1, ge=1, le=MAX_REQUESTS, description="distinct system prompts")
+    tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="tokens of each system prompt; 0: none")
+
+
+class Sessions(BaseModel):
+    """Multi-turn sessions (chat, agents): turn k+1 is sent think_time_s after turn k's last token,
+    its prompt the whole history (system prompt, every earlier message and answer) plus a new
+    message (docs/sessions.md)."""
+
+    model_config = _cfg()
+
+    count: int = Field(ge=1, le=MAX_REQUESTS, description="sessions (required); they start by "
+                       "workload.arrival (rate: sessions per second; closed: concurrency sessions at a time)")
+    turns: LengthDist = Field(default_factory=lambda: LengthDist(dist="fixed", value=4),
+                              description="turns per session (requests); a turn whose prompt would not fit "
+                                          "engine.max_model_len ends its session early")
+    think_time_s: float | TimeDist = Field(0.0, description="seconds between a turn's last token and the next "
+                                           "turn's send: a number or {dist: fixed|uniform|exponential|lognormal}")
+    new_tokens: LengthDist = Field(default_factory=lambda: LengthDist(dist="fixed", value=128),
+                                   description="tokens of each turn's new user (or tool) message")
+    output_tokens: LengthDist = Field(default_factory=lambda: LengthDist(dist="fixed", value=256),
+                                      description="tokens of each turn's answer")
+    system_prompt: SystemPrompt = Field(default_factory=SystemPrompt, description="the shared system prompts")
+
+    @model_validator(mode="after")
+    def _check(self) -> Sessions:
+        if self.turns.dist in ("trace", "azure-conv"):
+            raise KeyedError("turns.dist", f"{self.turns.dist!r} is a token-length table; turns takes fixed, "
+                                           f"uniform or lognormal")
+        for key in ("new_tokens", "output_tokens"):
+            if getattr(self, key).dist == "trace":
+                raise KeyedError(f"{key}.dist", "'trace' is not a session distribution: a trace with "
+                                                "session_id and turn columns replays as sessions itself")
+        if isinstance(self.think_time_s, float | int) and self.think_time_s < 0:
+            raise KeyedError("think_time_s", f"must be >= 0 seconds, got {self.think_time_s}")
+        return self
+
+
 class InlineRequest(BaseModel):
     """One request written out in the scenario."""
 
@@ -510,6 +567,8 @@ class Workload(BaseModel):
                                    "output_tokens for traces and written-out requests")
     trace: TraceSource | None = Field(None, description="replay a trace file; null: synthetic")
     prefix: Prefix | None = Field(None, description="shared prompt prefixes; null: every prompt unique")
+    sessions: Sessions | None = Field(None, description="multi-turn sessions (docs/sessions.md); then "
+                                      "num_requests, prompt_tokens and output_tokens are unused; null: none")
     requests: list[InlineRequest] | None = Field(None, min_length=1, description="requests written out one by "
                                                  "one (then arrival, prompt_tokens and output_tokens are unused); "
                                                  "null: generated")
@@ -517,6 +576,22 @@ class Workload(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> Workload:
         explicit = self.model_fields_set
+        if self.sessions is not None:
+            for key in ("requests", "trace", "prefix"):
+                if getattr(self, key) is not None:
+                    why = {"requests": "written-out requests", "prefix": "sessions share their system_prompt "
+                           "and history instead", "trace": "a trace with session_id and turn columns replays "
+                           "as sessions itself"}[key]
+                    raise KeyedError(key, f"cannot be combined with workload.sessions ({why})")
+            for key in ("num_requests", "prompt_tokens", "output_tokens", "max_tokens"):
+                if key in explicit and getattr(self, key) is not None:
+                    raise KeyedError(key, "not used with workload.sessions (sessions.count, turns, new_tokens "
+                                          "and output_tokens say what is sent); drop it")
+            if self.arrival.process == "trace":
+                raise KeyedError("arrival.process", "'trace' needs workload.trace; sessions start by a "
+                                                    "synthetic process or closed-loop clients")
+            self.num_requests = None
+            return self
         if self.requests is not None:
             for key in ("trace", "prefix"):
                 if getattr(self, key) is not None:
@@ -989,6 +1064,15 @@ class Scenario(BaseModel):
         if self.workload.requests is not None:
             for key in ("arrival", "prompt_tokens", "output_tokens", "trace", "prefix"):
                 data["workload"].pop(key)
+        if self.workload.sessions is not None:  # unused beside sessions (and refused when given)
+            for key in ("num_requests", "prompt_tokens", "output_tokens", "max_tokens", "trace", "prefix"):
+                data["workload"].pop(key, None)
+        else:
+            data["workload"].pop("sessions", None)  # absent is the same scenario: saved files stay as they were
+        arrival = data["workload"].get("arrival")
+        if arrival is not None and arrival.get("process") != "closed":
+            for key in ("concurrency", "think_time_s", "ramp_s"):  # closed loop only, null here
+                arrival.pop(key, None)
         # files the scenario names, as absolute paths: a saved scenario.yaml re-runs from anywhere
         trace = data["workload"].get("trace")
         if trace and trace.get("path"):

@@ -38,6 +38,12 @@ class Request:
     first ``t`` tokens share those ``t`` tokens, which is all prefix caching needs to know.
     Generated token ``j`` has the identity ``(output_key, j)``: unique per request unless two
     requests are exact duplicates (greedy decoding of identical prompts).
+
+    ``shareable_tokens`` says how far the content may be shared: tokens from that position on are
+    this request's own (no other request of the workload holds their keys), so a prefix cache
+    need not hash or index them for others; only this request can hit them again, after a
+    preemption. None (the default) claims nothing: every token may be shared. The simulator sets
+    it from the whole workload (``sim.workload.sharing``); it changes no decision, only the work.
     """
 
     __slots__ = (
@@ -54,8 +60,10 @@ class Request:
         "num_preemptions",
         "num_swaps",
         "reject_reason",
+        "refused",
         "seq",
         "policy_state",
+        "shareable_tokens",
     )
 
     def __init__(
@@ -68,6 +76,7 @@ class Request:
         prompt_runs: tuple[tuple[Any, int], ...] | None = None,
         output_key: Any = None,
         seq: int = 0,
+        shareable_tokens: int | None = None,
     ) -> None:
         self.id = id
         self.arrival_s = arrival_s
@@ -82,8 +91,12 @@ class Request:
         self.num_preemptions = 0
         self.num_swaps = 0
         self.reject_reason: str | None = None
+        # rejected because of the load at the time (TGI's HTTP 429), not because of the request
+        # itself: verdicts count such a request as infinitely late (sim.metrics.summary)
+        self.refused = False
         self.seq = seq  # arrival order, for stable tie-breaking
         self.policy_state: Any = None  # free slot for a policy's per-request bookkeeping
+        self.shareable_tokens = shareable_tokens  # content from here on is this request's own
 
     @property
     def num_tokens(self) -> int:
@@ -188,7 +201,8 @@ class Policy:
     KNOBS: ClassVar[dict[str, Knob]] = {}
     uses_token_budget: ClassVar[bool] = True
     # whose arithmetic sizes the KV pool when the scenario does not pin it: "vllm"
-    # (sim/hardware/kv_capacity.py) or "trtllm" (sim/hardware/trtllm_kv.py)
+    # (sim/hardware/kv_capacity.py), "trtllm" (sim/hardware/trtllm_kv.py), "sglang"
+    # (mem_fraction_static) or "tgi" (its warm-up): sim/hardware/engine_memory.py
     kv_sizing: ClassVar[str] = "vllm"
     # where max_num_seqs / max_num_batched_tokens come from when the scenario leaves them unset
     engine_defaults_source: ClassVar[str] = (
@@ -252,8 +266,12 @@ class Policy:
 
     @property
     def max_slots(self) -> int:
-        """The denominator of slot utilization."""
+        """The denominator of slot utilization (the most requests it runs at once)."""
         return self.limits.max_num_seqs
+
+    def kv_tokens_total(self) -> int:
+        """The KV pool in tokens (the same unit for every policy, whatever its block or page)."""
+        return self.kv_blocks_total() * self.limits.block_size
 
     @property
     def token_budget(self) -> int | None:

@@ -26,6 +26,7 @@ def test_the_numeric_flags_are_found():
     found = dict(numeric_flags(app))
     assert "--target-rate" in found["plan"] and "--tolerance" in found["capacity"]
     assert "--read-timeout" in found["observe"] and "--seed" in found["calibrate"]
+    assert "--seeds" in found["plan"] and "--seeds" in found["capacity"]  # an Annotated option too
     assert len(FLAGS) >= 20
 
 
@@ -62,12 +63,12 @@ def test_plan_target_rate_inf_exits_2_with_one_line():
 def _is_int(cmd: str, flag: str) -> bool:
     import typing
 
-    from sim.cli.flag_checks import _named_infos
+    from sim.cli.flag_checks import _flag, _named_infos
 
     fn = next(c.callback for c in app.registered_commands if c.name == cmd)
     hints = typing.get_type_hints(fn)
     for name, info in _named_infos(fn):
-        if flag in (info.param_decls or ()):
+        if _flag(name, info) == flag:
             args = [a for a in (typing.get_args(hints[name]) or (hints[name],)) if a is not type(None)]
             return args == [int]
     raise AssertionError(flag)

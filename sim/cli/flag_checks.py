@@ -49,8 +49,10 @@ BOUNDS: dict[str, Bounds] = {
     "--tolerance": Bounds(0, 1, "a fraction: 0.02 is 2 %", lo_inclusive=False, example="0.02"),
     "--target-concurrency": Bounds(1, 10_000_000, "closed-loop clients", example="32"),
     "--max-replicas": Bounds(1, 100_000, "replicas"),
+    "--seeds": Bounds(1, 1000, "workload seeds judged at every probe", example="3"),
     "--workers": Bounds(1, 4096, "parallel processes"),
     "--tp": Bounds(1, 1024, "GPUs per tensor-parallel group"),
+    "--data-parallel": Bounds(1, 1024, "data-parallel ranks"),
     "--block-size": Bounds(1, 4096, "tokens per KV block"),
     "--max-num-batched-tokens": TOKENS,
     "--max-model-len": TOKENS,
@@ -95,10 +97,8 @@ def attach_checks(app) -> None:
             continue
         hints = typing.get_type_hints(fn)
         for name, info in _named_infos(fn):
-            if not _numeric(hints.get(name)) or not getattr(info, "param_decls", None):
-                continue
-            flag = next((d for d in info.param_decls if d.startswith("--")), info.param_decls[0])
-            info.callback = _chained(info.callback, flag)
+            if _numeric(hints.get(name)) and _flag(name, info):
+                info.callback = _chained(info.callback, _flag(name, info))
         setattr(fn, _CHECKED, True)
 
 
@@ -107,10 +107,22 @@ def numeric_flags(app) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for cmd in app.registered_commands:
         hints = typing.get_type_hints(cmd.callback)
-        out[cmd.name] = [next((d for d in info.param_decls if d.startswith("--")), info.param_decls[0])
-                         for name, info in _named_infos(cmd.callback)
-                         if _numeric(hints.get(name)) and getattr(info, "param_decls", None)]
+        out[cmd.name] = [_flag(name, info) for name, info in _named_infos(cmd.callback)
+                         if _numeric(hints.get(name)) and _flag(name, info)]
     return out
+
+
+def _flag(name: str, info) -> str | None:
+    """The ``--flag`` of an option (None for an argument): its declared names, or, inside ``Annotated``
+    (where typer reads ``typer.Option("--seeds", ...)``'s first argument as the name), that argument."""
+    from typer.models import ArgumentInfo
+
+    if isinstance(info, ArgumentInfo):
+        return None
+    decls = [d for d in (info.param_decls or ()) if isinstance(d, str)]
+    if not decls and isinstance(info.default, str) and info.default.startswith("-"):
+        decls = [info.default]
+    return next((d for d in decls if d.startswith("--")), decls[0] if decls else f"--{name.replace('_', '-')}")
 
 
 def _named_infos(fn):

@@ -63,6 +63,15 @@ def natural_width(console, table) -> int:
     return Measurement.get(console, wide, table).maximum
 
 
+def widen_when_piped(console, table) -> None:
+    """Piped or logged with no ``COLUMNS`` set: room for the table at its natural width (nothing to
+    wrap to); an explicit ``COLUMNS`` is obeyed, a table wider than it stacked by :func:`show_table`."""
+    import os
+
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = max(console.width, natural_width(console, table))
+
+
 def fits(console, table) -> bool:
     """Whether the table, every cell on one line, fits the console's width."""
     return natural_width(console, table) <= console.width

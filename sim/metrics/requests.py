@@ -29,6 +29,7 @@ class RequestRecord:
         "finish_s",
         "state",
         "reason",
+        "refused",
         "req",
         # engine bookkeeping: the token count that ends the request, and the token-time runs
         "finish_at",
@@ -39,6 +40,7 @@ class RequestRecord:
         "_generated",
         "_preemptions",
         "_swaps",
+        "shareable",
         # speculative decoding: steps that verified drafts, drafts proposed and accepted, and the
         # request's own acceptance draws (sim.speculative.acceptance)
         "spec_steps",
@@ -55,6 +57,7 @@ class RequestRecord:
         self.finish_s = float("nan")
         self.state = "unfinished"
         self.reason = ""
+        self.refused = False  # rejected for the load at the time (policies.base.Request.refused)
         self.req: Request | None = None
         self.finish_at = 0
         self.run_step = 0  # replica step of the current run's first token
@@ -64,6 +67,7 @@ class RequestRecord:
         self._generated = 0
         self._preemptions = 0
         self._swaps = 0
+        self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
         self.spec_steps = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
@@ -88,7 +92,7 @@ class RequestRecord:
         ``max_model_len`` (emitted tokens are ``num_output_tokens``: the engine is the only emitter)."""
         s = self.spec
         req = Request(s.id, s.arrival_s, s.prompt_tokens, s.max_tokens, s.priority, s.prompt_runs,
-                      s.output_key, seq=seq)
+                      s.output_key, seq=seq, shareable_tokens=self.shareable)
         self.req = req
         self.replica = replica
         self.steps = steps
@@ -105,6 +109,8 @@ class RequestRecord:
         scheduler state go."""
         self.state = state
         self.reason = reason
+        if state == "rejected" and self.req is not None:
+            self.refused = bool(self.req.refused)
         self.release()
 
     def break_run(self, step: int, token: int) -> None:

@@ -57,21 +57,26 @@ def test_a_table_that_fits_is_printed_as_a_table():
 def test_the_run_table_piped_at_60_columns(tmp_path):
     proc = _cbsim("run", "scenarios/seed_toy.yaml", "--out", str(tmp_path / "toy"), "--no-plots", "-q",
                   columns="60")
-    assert "…" not in proc.stdout and "metric: finished / rejected / unfinished" in proc.stdout
-    assert "  static: 6 / 0 / 0" in proc.stdout
+    assert "…" not in proc.stdout
+    assert re.search(r"^metric: finished / .* / unfinished$", proc.stdout, re.M)  # stacked: a row a block
+    assert re.search(r"^  static: 6 / 0 / 0", proc.stdout, re.M)
 
 
 def test_plan_piped_keeps_numbers_and_names_whole():
-    """The issue's `cbsim plan scenarios/capacity.yaml --target-rate 20 | cat`, one policy at a small size."""
-    proc = _cbsim("plan", "scenarios/capacity.yaml", "--target-rate", "20", "--policy", "vllm-v1",
-                  "--set", "workload.num_requests=100")
-    assert "…" not in proc.stdout
-    assert re.search(r"^policy: vllm-v1$", proc.stdout, re.M)
-    assert re.search(r"^  cost per 1M req: [\d,]+\.\d\d$", proc.stdout, re.M)
-    js = _cbsim("plan", "scenarios/capacity.yaml", "--target-rate", "20", "--policy", "vllm-v1",
-                "--set", "workload.num_requests=100", "--json", "-")
-    plan = json.loads(js.stdout)["policies"]["vllm-v1"]
-    assert f"  replicas: {plan['replicas']}\n" in proc.stdout
+    """The issue's `cbsim plan scenarios/capacity.yaml --target-rate 20 | cat`, one policy at a small size:
+    piped with no COLUMNS the table is printed at its natural width, at COLUMNS=60 stacked; never cut."""
+    args = ["plan", "scenarios/capacity.yaml", "--target-rate", "20", "--policy", "vllm-v1",
+            "--set", "workload.num_requests=100", "--seeds", "1"]
+    piped = _cbsim(*args)
+    narrow = _cbsim(*args, columns="60")
+    plan = json.loads(_cbsim(*args, "--json", "-").stdout)["policies"]["vllm-v1"]
+    for out in (piped.stdout, narrow.stdout):
+        assert "…" not in out
+    row = next(ln for ln in piped.stdout.splitlines() if "│ vllm-v1" in ln)
+    assert f"│ {plan['replicas']} " in row.replace("  ", " ") or f" {plan['replicas']} │" in row
+    assert re.search(r"^policy: vllm-v1$", narrow.stdout, re.M)
+    assert f"  replicas: {plan['replicas']}\n" in narrow.stdout
+    assert re.search(r"^  cost per 1M req: [\d,]+\.\d\d$", narrow.stdout, re.M)
 
 
 def _cbsim(*args, columns: str | None = None):

@@ -748,7 +748,7 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
 
 def known_limits(db: KernelDb) -> str:
     """What a user of this table should know before trusting it with a purchase: what the database
-    cannot see, and the real runs it has been checked on (docs/accuracy-corpus.md)."""
+    cannot see, and the real runs it has been checked on (docs/accuracy.md, docs/accuracy-corpus.md)."""
     text = ("the database measures pure-decode batches at one context only: batches of unequal contexts are "
             "priced as if even (no decode skew)")
     if db.prices_mixed_decodes:

@@ -67,6 +67,8 @@ ROUNDS = 4  # requests per client: the opening wave plus three rounds of the loo
 # a 1k-token prompt; any gap much shorter than a prefill step splits the wave the same way
 # (docs/accuracy-corpus.md shows 0.1 and 5 ms).
 SEND_GAP_MS = 1.0
+PHASES = ("spread", "wave", "warm")
+PHASE = "spread"
 
 
 def corpus_path() -> Path:
@@ -285,8 +287,24 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
+def _means(req, after_s: float = -1.0, skip_first: int = 0) -> tuple[float, float]:
+    """Mean TTFT and TPOT (ms) of the requests sent at or after ``after_s`` and past the first ``skip_first``."""
+    req = req.sort_values("arrival_s")
+    req = req.iloc[skip_first:]
+    req = req[req["arrival_s"] >= after_s]
+    return float(req["ttft_s"].mean()) * 1e3, float(req["tpot_s"].mean()) * 1e3
+
+
 def simulate(args) -> Result:
-    row, table, rounds, send_gap_s = args
+    """One row under every phase variant in ``phases``; the first is the row's reported result.
+
+    ``wave``: first sends ``send_gap_s`` apart, mean over all requests (the opening wave included).
+    ``warm``: the same run, mean over the requests after the opening wave (the first N sends).
+    ``spread``: a pilot ``wave`` run gives the mean E2E of a request after the opening wave; the
+    clients' first sends are then spread uniformly over that one cycle (``ramp_s`` = E2E) and the
+    means are over the requests sent after the ramp (module docstring: why this is the default).
+    """
+    row, table, rounds, send_gap_s, phases = args
     import warnings
 
     import sim
@@ -297,12 +315,20 @@ def simulate(args) -> Result:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = sim.run(scenario_of(row, table, rounds, send_gap_s))
-        req = result.requests
-        res.sim_ttft_ms = float(req["ttft_s"].mean()) * 1e3
-        res.sim_tpot_ms = float(req["tpot_s"].mean()) * 1e3
+            pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
+            out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
+            if "spread" in phases:
+                e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
+                sc = scenario_of(row, table, rounds + 1, 0.0)
+                sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
+                spread = sim.run(sc).requests
+                out["spread"] = _means(spread, after_s=e2e)
+                res.extra["ramp_s"] = e2e
+        res.sim_ttft_ms, res.sim_tpot_ms = out[phases[0]]
         res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
         res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
+        res.extra["phases"] = {k: {"ttft_err": v[0] / row.ttft_ms - 1, "tpot_err": v[1] / row.tpot_ms - 1}
+                               for k, v in out.items() if k in phases}
     except CbsimError as exc:
         res.error = str(exc)[:200]
     res.wall_s = time.perf_counter() - t0
@@ -373,6 +399,21 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
               f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
 
 
+def print_phases(results: list[Result], phases: list[str]) -> None:
+    print("\nper phase variant: median |err| of the mean (TTFT, TPOT)")
+    by = defaultdict(list)
+    for r in results:
+        if not r.error:
+            by[r.group].append(r)
+    for g, rs in sorted(by.items()):
+        cells = []
+        for p in phases:
+            t = [abs(r.extra["phases"][p]["ttft_err"]) for r in rs]
+            o = [abs(r.extra["phases"][p]["tpot_err"]) for r in rs]
+            cells.append(f"{p} {quantile(t, 0.5):6.1%} {quantile(o, 0.5):6.1%}")
+        print(f"{g:40s} " + "   ".join(cells))
+
+
 def _stats(rs: list[dict]) -> dict:
     out: dict = {"rows": len(rs)}
     for metric in ("ttft", "tpot"):
@@ -430,6 +471,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"requests per client (default {ROUNDS})")
     ap.add_argument("--send-gap-ms", type=float, default=SEND_GAP_MS,
                     help=f"ms between the clients' first sends (default {SEND_GAP_MS}; 0: all at once)")
+    ap.add_argument("--phase", choices=PHASES, default=PHASE,
+                    help=f"how the clients' phases are set up and which requests the means count (default {PHASE})")
+    ap.add_argument("--compare-phases", action="store_true",
+                    help="also simulate every other --phase variant and print each one's group errors")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
     ap.add_argument("--stamp", type=Path, action="append", default=[],
@@ -463,10 +508,13 @@ def main(argv=None) -> int:
         priced = [r for r in priced if not r.skip]
         # longest first, so the pool's last task is a short one
         priced.sort(key=lambda r: -(r.concurrency * args.rounds * (r.osl + 1)))
-        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3) for r in priced]
+        phases = [args.phase] + [p for p in (PHASES if args.compare_phases else ()) if p != args.phase]
+        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases) for r in priced]
         results = list(pool.map(simulate, work, chunksize=1))
     wall = time.perf_counter() - t0
     print_report(rows, results, args.verbose)
+    if args.compare_phases:
+        print_phases(results, phases)
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
           f"{args.workers} workers")
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "wall_s": wall,

@@ -67,3 +67,16 @@ def test_group_statistics_are_median_and_p90_of_the_absolute_error():
     assert g["ttft"]["p90_abs"] == pytest.approx(0.46)  # linear between the 4th and 5th of 5
     assert g["tpot"]["median_signed"] == pytest.approx(-0.1)
     assert math.isnan(quantile([], 0.5))
+
+
+def test_phase_means_count_only_the_requests_after_the_opening_wave_or_the_ramp():
+    """``warm`` drops the first N sends (by send time, not id); ``spread`` drops every send before the ramp."""
+    import pandas as pd
+
+    from bench.silicon_accuracy import _means
+
+    req = pd.DataFrame({"arrival_s": [0.3, 0.0, 0.1, 1.0, 2.0], "ttft_s": [0.3, 0.1, 0.2, 0.4, 0.6],
+                        "tpot_s": [0.03, 0.01, 0.02, 0.04, 0.06]})
+    assert _means(req) == pytest.approx((320.0, 32.0))
+    assert _means(req, skip_first=2) == pytest.approx((1e3 * (0.3 + 0.4 + 0.6) / 3, 1e2 * (0.3 + 0.4 + 0.6) / 3))
+    assert _means(req, after_s=1.0) == pytest.approx((500.0, 50.0))

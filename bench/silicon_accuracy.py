@@ -12,8 +12,8 @@ For every row cbsim can price (:func:`classify` says why the others are skipped)
 (and caches under ``bench/.cache/silicon/``, gitignored) one kernel-db table per (GPU, model, TP,
 precision, engine, kernel-database version), simulates the row closed-loop
 (``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
-limits, ``--rounds`` requests per client (the first round is the opening wave the benchmark tools
-also start with; the clients' first sends ``--send-gap-ms`` apart), and reports the signed error of mean TTFT and mean TPOT per row, and per
+limits, ``--rounds`` requests per client, the clients' phases as ``--phase`` says (default: spread
+evenly over one cycle, the steady state of a long benchmark; :data:`PHASE`), and reports the signed error of mean TTFT and mean TPOT per row, and per
 (GPU, engine, model) group the median and p90 of |error| and the median signed error.
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
@@ -67,6 +67,23 @@ ROUNDS = 4  # requests per client: the opening wave plus three rounds of the loo
 # a 1k-token prompt; any gap much shorter than a prefill step splits the wave the same way
 # (docs/accuracy-corpus.md shows 0.1 and 5 ms).
 SEND_GAP_MS = 1.0
+# How the clients' phases are set up, and which requests the means count (issue 26). The corpus' TTFTs
+# are below what any wave of N prompts can take at the GPU's peak (70B fp8 TP 2 on H200, 4 x 1,024
+# tokens: 121 ms measured, 145 ms at 100 % of FP8 peak), so the real clients were NOT in lockstep
+# waves: over a long benchmark, server jitter drifts the clients' phases apart. cbsim's loop is
+# deterministic and keeps fixed-length clients in the phase they start in, so:
+# * ``wave``: first sends SEND_GAP_MS apart, all requests counted (what aiperf with its default of no
+#   warm-up, ``--warmup-request-count``, and ``vllm bench serve --max-concurrency``, which averages
+#   every request after its one test prompt, count) -- but the simulated clients stay in waves;
+# * ``warm``: the same run without the opening wave -- still waves (the loop keeps them);
+# * ``spread`` (default): the clients' phases drifted fully apart, the steady state of a long run:
+#   a pilot ``wave`` run gives a request's mean E2E after the opening wave (never the row's measured
+#   numbers), the first sends are spread evenly over that one cycle (``ramp_s`` = E2E), and the means
+#   are over the requests sent after the ramp. Evenly spaced phases are the fewest collisions of
+#   prefills; real drifted phases are random and collide more, so this is the low end, ``wave`` the
+#   high end (docs/accuracy-corpus.md: how many rows lie between the two).
+# Which client AIConfigurator's collector used and whether it warmed up is not in the CSV (its
+# ``silicon_data_source`` names a db dump and a workflow run only).
 PHASES = ("spread", "wave", "warm")
 PHASE = "spread"
 
@@ -445,7 +462,8 @@ def stamp(table: Path, report: dict) -> dict:
         "gpu": system, "engine": engine, **_stats(rs),
         "by_model": {m: _stats(v) for m, v in sorted(by.items())},
         "measured_by": f"bench/silicon_accuracy.py: closed loop at each row's concurrency, {report['rounds']} "
-                       f"requests per client, first sends {report.get('send_gap_ms', SEND_GAP_MS)} ms apart; "
+                       f"requests per client, phases {report.get('phase', 'wave')!r} (first sends "
+                       f"{report.get('send_gap_ms', SEND_GAP_MS)} ms apart unless 'spread'); "
                        "errors are sim / real - 1 of mean TTFT and mean TPOT, on tables composed the same way "
                        "for each row's own model, TP and precision (docs/accuracy-corpus.md)",
     }
@@ -517,7 +535,8 @@ def main(argv=None) -> int:
         print_phases(results, phases)
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
           f"{args.workers} workers")
-    report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "wall_s": wall,
+    report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
+              "phase": args.phase, "wall_s": wall,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results)}
     if args.json is not None:

@@ -41,8 +41,10 @@ Seeds. With ``seeds`` = K every layout, xPyD and colocated, is judged at the sce
 the K − 1 after it and meets only when each does (:func:`sim.planning.probe.judge_seeds`, as
 ``cbsim plan`` and ``cbsim capacity``); its ``spread`` states the binding percentile's min and
 max over them, and its ``p99`` figures are those of the first seed that failed (else of the
-scenario's own seed). Saturation bursts run at the scenario's seed only (a burst is every request
-at once, so the arrival seed barely moves it). K seeds cost K times the runs.
+scenario's own seed). Saturation bursts run at the scenario's seed only, as in ``cbsim plan``
+(the bound is one measured throughput, not a per-seed verdict; its lengths do vary with the seed,
+so a layout just below it at one seed may be just above it at another). K seeds cost K times the
+runs, the bursts excepted.
 
 Cost. GPUs × ``cost_per_gpu_hour`` per hour of traffic, and per million requests
 ``GPUs × price / (3600 · R) × 10⁶`` (as :mod:`sim.planning.plan`); the pools may have GPUs of

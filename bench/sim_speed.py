@@ -17,6 +17,13 @@ Usage::
     .venv/bin/python bench/sim_speed.py --only azure-conv
     .venv/bin/python bench/sim_speed.py --scale
     .venv/bin/python bench/sim_speed.py --no-record       # print only
+    .venv/bin/python bench/sim_speed.py --only azure-conv --compare 084e4d6
+
+``--compare REV`` checks the revision out into a temporary ``git worktree`` and runs each case on
+this tree and on it alternately, three times each (``--repeat``), every run in a fresh process
+whose ``PYTHONPATH`` is that tree; it prints the median wall time, CPU time and peak RSS of each
+and their ratios (this tree over REV). The machine is shared and its speed drifts, so a speed
+claim is a ratio of medians measured in one sitting, not two rows of the table measured apart.
 
 Each measured case appends one row to ``bench/results.md`` (with ``git rev-parse --short HEAD``,
 ``+dirty`` when the tree has uncommitted changes, and the 1-minute load average: other processes
@@ -44,7 +51,8 @@ LOAD_FRACTION = 0.8
 TABLE_HEADER = ("| date | commit | case | requests | steps | wall s | cpu s | steps/s | requests/s "
                 "| peak RSS MB | wall vs previous | load | notes |")
 
-if str(REPO) not in sys.path:
+if str(REPO) not in sys.path and "--measure" not in sys.argv:
+    # a --measure child imports the tree its PYTHONPATH names (this one, or --compare's revision)
     sys.path.insert(0, str(REPO))
 
 
@@ -110,12 +118,13 @@ def measure(scenario: dict) -> dict:
     }
 
 
-def run_case(name: str, scenario: dict) -> dict:
-    """``measure`` in a fresh Python process (clean peak RSS, no warm caches)."""
-    out = subprocess.run([sys.executable, __file__, "--measure", json.dumps(scenario)], cwd=REPO,
-                         capture_output=True, text=True)
+def run_case(name: str, scenario: dict, tree: Path = REPO) -> dict:
+    """``measure`` in a fresh Python process (clean peak RSS, no warm caches) importing ``tree``."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, __file__, "--measure", json.dumps(scenario)], cwd=tree,
+                         capture_output=True, text=True, env=env)
     if out.returncode:
-        raise SystemExit(f"{name} failed:\n{out.stderr}")
+        raise SystemExit(f"{name} failed in {tree}:\n{out.stderr[-3000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res["case"] = name
     return res
@@ -165,6 +174,33 @@ def row_markdown(r: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def compare(cases: list[tuple[str, dict]], rev: str, repeat: int) -> None:
+    """Each case on this tree and on ``rev``, alternately, ``repeat`` times each; ratios of medians."""
+    from statistics import median
+
+    from bench.revision_tree import revision_tree
+
+    with revision_tree(rev) as other:
+        for name, scn in cases:
+            runs: dict[str, list[dict]] = {"this": [], rev: []}
+            for i in range(repeat):
+                for side, tree in (("this", REPO), (rev, other)) if i % 2 == 0 else ((rev, other), ("this", REPO)):
+                    r = run_case(name, scn, tree)
+                    runs[side].append(r)
+                    print(f"  {name} [{side} {i + 1}/{repeat}]: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU, "
+                          f"{r['steps']:,} steps, peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+            med = {side: {k: median(r[k] for r in rs) for k in ("wall_s", "cpu_s", "peak_rss_mb")}
+                   for side, rs in runs.items()}
+            steps = {side: rs[0]["steps"] for side, rs in runs.items()}
+            a, b = med["this"], med[rev]
+            print(f"{name}: this tree {a['wall_s']:.2f} s wall / {a['cpu_s']:.2f} s CPU / "
+                  f"{a['peak_rss_mb']:,.0f} MB ({steps['this']:,} steps); {rev} {b['wall_s']:.2f} s / "
+                  f"{b['cpu_s']:.2f} s / {b['peak_rss_mb']:,.0f} MB ({steps[rev]:,} steps)")
+            print(f"{name}: ratio this/{rev} (medians of {repeat}): wall {a['wall_s'] / b['wall_s']:.3f}x, "
+                  f"CPU {a['cpu_s'] / b['cpu_s']:.3f}x, peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.3f}x",
+                  flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=["azure-conv", "poisson-200k"], help="run just this case")
@@ -172,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, help="skip the capacity search: Poisson rate in req/s")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/results.md")
     ap.add_argument("--note", default="", help="free text for the notes column")
+    ap.add_argument("--compare", metavar="REV", help="run each case on this tree and on git revision REV "
+                    "alternately and print the ratios of the medians (nothing is recorded)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tree with --compare (default 3)")
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # internal: run one scenario (JSON), print JSON
     args = ap.parse_args(argv)
     if args.measure:
@@ -198,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "poisson-200k"):
             cases.append(("poisson-200k", poisson_scenario(200_000, rate)))
 
+    if args.compare:
+        if args.repeat < 1:
+            raise SystemExit(f"--repeat must be >= 1, got {args.repeat}")
+        compare(cases, args.compare, args.repeat)
+        return 0
     rows = []
     for name, scn in cases:
         load = os.getloadavg()[0]

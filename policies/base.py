@@ -38,6 +38,12 @@ class Request:
     first ``t`` tokens share those ``t`` tokens, which is all prefix caching needs to know.
     Generated token ``j`` has the identity ``(output_key, j)``: unique per request unless two
     requests are exact duplicates (greedy decoding of identical prompts).
+
+    ``shareable_tokens`` says how far the content may be shared: tokens from that position on are
+    this request's own (no other request of the workload holds their keys), so a prefix cache
+    need not hash or index them for others; only this request can hit them again, after a
+    preemption. None (the default) claims nothing: every token may be shared. The simulator sets
+    it from the whole workload (``sim.workload.sharing``); it changes no decision, only the work.
     """
 
     __slots__ = (
@@ -56,6 +62,7 @@ class Request:
         "reject_reason",
         "seq",
         "policy_state",
+        "shareable_tokens",
     )
 
     def __init__(
@@ -68,6 +75,7 @@ class Request:
         prompt_runs: tuple[tuple[Any, int], ...] | None = None,
         output_key: Any = None,
         seq: int = 0,
+        shareable_tokens: int | None = None,
     ) -> None:
         self.id = id
         self.arrival_s = arrival_s
@@ -84,6 +92,7 @@ class Request:
         self.reject_reason: str | None = None
         self.seq = seq  # arrival order, for stable tie-breaking
         self.policy_state: Any = None  # free slot for a policy's per-request bookkeeping
+        self.shareable_tokens = shareable_tokens  # content from here on is this request's own
 
     @property
     def num_tokens(self) -> int:

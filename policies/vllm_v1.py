@@ -422,6 +422,7 @@ class VllmV1Policy(Policy):
         last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
         context = []
         edge = []
+        fills = []
         if kv.enable_caching:
             states = kv.request_states()
             for r in running:
@@ -430,8 +431,13 @@ class VllmV1Policy(Policy):
                     return None
                 context.append(c)
                 st = states[r]
-                if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks:
-                    edge.append(r)  # needs a block, or fills one that gets registered
+                if c >= len(st.blocks) * B:
+                    edge.append(r)  # needs a block
+                elif (c + 1) // B > st.num_cached_blocks:
+                    if st.num_cached_blocks >= st.shared:
+                        fills.append((st, (c + 1) // B))  # fills one of its own: registered by count
+                    else:
+                        edge.append(r)  # fills one that gets hashed and registered
         else:
             for r in running:
                 c = r.num_computed_tokens
@@ -446,6 +452,8 @@ class VllmV1Policy(Policy):
             for r in edge:
                 if kv.allocate_slots(r, 1) is None:
                     raise AssertionError(f"{r.id}: a counted block did not fit")
+        for st, full in fills:  # what allocate_slots' fast path does for them
+            st.num_cached_blocks = full
         return context
 
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:

@@ -58,6 +58,7 @@ from sim.metrics.requests import emit_caught_up, verify_drafts
 from sim.routing import round_robin
 from sim.workload.closed_loop import ClosedLoop
 from sim.workload.request_spec import RequestSpec
+from sim.workload.sharing import shareable_tokens
 
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 
@@ -97,7 +98,8 @@ class Replica:
         self.recorder = recorder
         self.steps = recorder.replica_steps(index)
         self.max_model_len = max_model_len
-        self.records: dict[str, RequestRecord] = {}
+        self.records: dict[str, RequestRecord] = {}  # the requests held here, by id (ended ones leave)
+        self.submitted = 0  # requests handed to this replica: the next one's arrival order
         self.outstanding = 0  # requests handed to this replica and not yet ended
         self.wake = env.event()
         self.arrivals_done = False
@@ -116,7 +118,8 @@ class Replica:
         self.process = env.process(self.loop())
 
     def submit(self, rec: RequestRecord) -> None:
-        req = rec.open(len(self.records), self.max_model_len, self.index, self.steps)
+        req = rec.open(self.submitted, self.max_model_len, self.index, self.steps)
+        self.submitted += 1
         self.records[req.id] = rec
         self.outstanding += 1
         self.policy.add_request(req)
@@ -128,6 +131,7 @@ class Replica:
 
     def _end(self, rec: RequestRecord, state: str, reason: str = "") -> None:
         rec.end(state, reason)
+        del self.records[rec.spec.id]  # the recorder keeps the record: nothing here looks it up again
         self.outstanding -= 1
         if self.on_progress is not None:
             self.on_progress(1)
@@ -433,7 +437,8 @@ class Simulation:
             fast_forward = fast_forward_default()
         self.fast_forward = fast_forward
         self.records = [RequestRecord(s) for s in specs]
-        for rec in self.records:
+        for rec, own in zip(self.records, shareable_tokens(specs)):
+            rec.shareable = own
             self.recorder.add_request(rec)
         self.clients = None
         if clients is not None:

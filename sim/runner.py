@@ -208,8 +208,9 @@ def end_report(requests: pd.DataFrame, end_s: float, capped: bool) -> dict:
     }
 
 
-def run(scenario, overrides=(), policies: list[str] | None = None, progress: bool = False) -> RunResult:
-    """Run every policy entry of a scenario (or only the given labels) on the same workload."""
+def run(scenario, overrides=(), policies: list[str] | None = None, progress=False) -> RunResult:
+    """Run every policy entry of a scenario (or only the given labels) on the same workload.
+    ``progress``: True shows a bar; a search passes its reporter (``sim.planning.progress``)."""
     scn = load_scenario(scenario, list(overrides))
     entries = [e for e in scn.policies if policies is None or (e.label or e.name) in policies]
     if policies is not None:
@@ -305,5 +306,8 @@ class _RichProgress:
         self.pending = 0
 
 
-def _progress(enabled: bool, total: int):
+def _progress(enabled, total: int):
+    """True: this run's own bar; a search's reporter (``sim.planning.progress.Reporter``): its bar."""
+    if hasattr(enabled, "run_bar"):
+        return enabled.run_bar(total) or _NoProgress()
     return _RichProgress(total) if enabled else _NoProgress()

@@ -25,14 +25,19 @@ The queue always has the shape ``unhashed blocks ++ hashed blocks``: it starts w
 unhashed blocks, unhashed blocks only ever enter at the front and hashed ones at the back, pops
 take the front, and :meth:`touch` only takes out cached (hashed) blocks. So it is kept as two
 parts, each with O(1) operations and no per-block Python object: the unhashed front as a list used
-as a stack (its top is the queue's front), and the hashed back as an ``OrderedDict`` in queue order
-(pop from its front, append at its back, remove from anywhere). A block is just its index.
+as a stack (its top is the queue's front), and the hashed back as a list in queue order read from
+a head index, so that popping many blocks is one slice. A cache hit taken out of the back leaves
+its entry behind as *stale*: ``_stale[b]`` counts them. A block's entries are in the order it
+entered, and only its newest can be live, so a pop skips the first ``_stale[b]`` entries of ``b``
+it meets; while nothing is stale (no hits: content nobody shares) a pop is a plain slice.
+A block is just its index.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
+
+_COMPACT = 4096  # drop the consumed head of the back queue once it is this long and half the list
 
 NULL_BLOCK = 0
 
@@ -41,7 +46,9 @@ class BlockPool:
     """``num_usable`` allocatable blocks (ids 1..num_usable) plus the reserved null block 0.
 
     Content hashes are small integers from :class:`policies.prefix_hash.BlockHasher`; with
-    ``enable_caching`` off no block is ever hashed.
+    ``enable_caching`` off no block is ever hashed. A negative ``block_hash`` is a *private tag*
+    (:mod:`policies.kv.paged`: content only its own request can hit): it places the block in the
+    free queue as a hash does, but is in no registry, so evicting it is just clearing it.
     """
 
     def __init__(self, num_usable: int, enable_caching: bool = False) -> None:
@@ -55,24 +62,38 @@ class BlockPool:
         # hash -> {block id: None}, in registration order (a dict is an ordered set)
         self._cached: dict[int, dict[int, None]] = {}
         # the free queue: unhashed front (a stack: the queue's front is its last item), then the
-        # hashed back in queue order
+        # hashed back in queue order: _back[_head:], less the stale entries
         self._front: list[int] = list(range(num_usable, 0, -1))
-        self._back: OrderedDict[int, None] = OrderedDict()
+        self._back: list[int] = []
+        self._head = 0
+        self._stale = [0] * n  # stale entries of each block in the back queue
+        self._num_stale = 0
+        self._num_back = 0  # live blocks in the back queue
 
     # --- the free queue ---------------------------------------------------------------------
     @property
     def num_free(self) -> int:
         """Blocks in the free queue, evictable cached blocks included (vLLM's ``get_num_free_blocks``)."""
-        return len(self._front) + len(self._back)
+        return len(self._front) + self._num_back
 
     @property
     def num_used(self) -> int:
         """Blocks held by at least one request."""
-        return self.num_usable - len(self._front) - len(self._back)
+        return self.num_usable - len(self._front) - self._num_back
+
+    def _live_back(self) -> list[int]:
+        stale = list(self._stale)
+        out = []
+        for b in self._back[self._head:]:
+            if stale[b]:
+                stale[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     def free_queue(self) -> list[int]:
         """The free queue front to back (for tests and debugging; O(free blocks))."""
-        return self._front[::-1] + list(self._back)
+        return self._front[::-1] + self._live_back()
 
     # --- allocation ---------------------------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[int]:
@@ -90,14 +111,36 @@ class BlockPool:
             raise ValueError(f"cannot allocate {n} blocks: only {self.num_free} free")
         out = front[::-1]
         front.clear()
+        need = n - len(out)
+        back, head = self._back, self._head
+        if not self._num_stale:
+            taken = back[head:head + need]
+            head += need
+        else:
+            taken = []
+            stale = self._stale
+            while len(taken) < need:
+                b = back[head]
+                head += 1
+                if stale[b]:
+                    stale[b] -= 1
+                    self._num_stale -= 1
+                else:
+                    taken.append(b)
+        if head >= _COMPACT and 2 * head >= len(back):
+            del back[:head]
+            head = 0
+        self._head = head
+        self._num_back -= need
+        out += taken
         for b in out:
             ref[b] = 1
-        back = self._back
-        for _ in range(n - len(out)):
-            b, _none = back.popitem(last=False)
-            self._evict(b)
-            ref[b] = 1
-            out.append(b)
+        block_hash = self.block_hash
+        for b in taken:  # evict: each popped block loses its content
+            h = block_hash[b]
+            block_hash[b] = None
+            if h > 0:
+                self._unregister(b, h)
         return out
 
     def touch(self, blocks: Iterable[int]) -> None:
@@ -106,7 +149,9 @@ class BlockPool:
         for b in blocks:
             if ref[b] == 0:
                 if self.block_hash[b] is not None:
-                    del self._back[b]
+                    self._stale[b] += 1  # its entry in the back queue is left behind
+                    self._num_stale += 1
+                    self._num_back -= 1
                 else:  # not a cache hit; kept correct all the same
                     self._front.remove(b)
             ref[b] += 1
@@ -126,6 +171,8 @@ class BlockPool:
             ordered_blocks = blocks
         block_hash = self.block_hash
         to_front = []
+        back = self._back
+        n_back = len(back)
         for b in ordered_blocks:
             c = ref[b] - 1
             ref[b] = c
@@ -133,11 +180,29 @@ class BlockPool:
                 if block_hash[b] is None:
                     to_front.append(b)
                 else:
-                    self._back[b] = None
+                    back.append(b)
+        self._num_back += len(back) - n_back
         # unhashed blocks go to the front, keeping their given order
         if to_front:
             to_front.reverse()
             self._front.extend(to_front)
+
+    def free_table(self, blocks: list[int], num_hashed: int) -> None:
+        """``free_blocks(reversed(blocks))`` for a block table whose first ``num_hashed`` blocks
+        hold content and the rest none (what a request's table is): when the request is each
+        block's only holder (nothing shared or pinned) every block reaches 0, the unhashed tail
+        goes to the front and the hashed head to the back, tail first, as two list operations."""
+        ref = self.ref_cnt
+        if max(map(ref.__getitem__, blocks)) != 1:
+            self.free_blocks(reversed(blocks))
+            return
+        for b in blocks:
+            ref[b] = 0
+        if num_hashed < len(blocks):
+            self._front.extend(blocks[num_hashed:])  # to_front reversed twice: table order
+        if num_hashed:
+            self._back.extend(blocks[num_hashed - 1::-1])
+            self._num_back += num_hashed
 
     # --- the prefix-cache registry ------------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:
@@ -158,9 +223,8 @@ class BlockPool:
         else:
             copies[b] = None
 
-    def _evict(self, b: int) -> None:
-        h = self.block_hash[b]
-        self.block_hash[b] = None
+    def _unregister(self, b: int, h: int) -> None:
+        """Drop an evicted block from the registry (private tags, negative, are in none)."""
         copies = self._cached[h]
         del copies[b]
         if not copies:
@@ -176,14 +240,15 @@ class BlockPool:
         queue = self.free_queue()
         assert len(queue) == self.num_free, "queue length and counter disagree"
         assert all(self.block_hash[b] is None for b in self._front), "a hashed block in the unhashed front"
-        assert all(self.block_hash[b] is not None for b in self._back), "an unhashed block in the hashed back"
+        assert all(self.block_hash[b] is not None for b in self._live_back()), "an unhashed block in the hashed back"
+        assert self._num_stale == sum(self._stale), "stale counts disagree"
         assert NULL_BLOCK not in queue, "the null block is in the free queue"
         in_q = set(queue)
         assert len(in_q) == len(queue), "a block is in the free queue twice"
         for b in range(1, self.num_usable + 1):
             assert (self.ref_cnt[b] == 0) == (b in in_q), f"block {b}: ref_cnt {self.ref_cnt[b]} vs queue"
             h = self.block_hash[b]
-            if h is not None:
+            if h is not None and h > 0:
                 assert b in self._cached.get(h, ()), f"block {b} hashed but not registered"
         for h, copies in self._cached.items():
             for b in copies:

@@ -17,9 +17,25 @@ and the answers below are vLLM's (``v1/core/kv_cache_manager.py``,
   On success the full blocks are registered in the prefix cache at once (at *schedule* time,
   so a request admitted later in the same step can already hit them).
 * :meth:`PagedKVManager.free`: give every block back, tail first.
+
+Prefix caching at the cost of what can hit. vLLM hashes and registers every full block of every
+request. A block whose content no other request holds (``Request.shareable_tokens``: the request's
+*own* blocks, from the first one that contains a token of its own) can only ever be hit by that
+same request, when it is recomputed after a preemption. Such blocks are not hashed or indexed
+while the request holds them; ``num_cached_blocks`` still counts them as registered, exactly when
+vLLM registers them. When the request frees them, each gets a *private tag* in the pool
+(``BlockPool.block_hash``: a negative number naming the request and the block's index), which is
+all the free queue reads (a registered block goes to its back, where eviction finds it in LRU
+order), and a preempted request keeps, per block index, the blocks that held that content in the
+order they were registered (vLLM's registry order for that hash). A lookup of an own block takes
+the first of them whose tag is still in place (not evicted since). Every decision (hits, the free
+queue's order, evictions) is the one full hashing gives; what is saved is the hashing, the
+registry and, in decode stretches, the per-block registration calls.
 """
 
 from __future__ import annotations
+
+import sys
 
 from policies.base import Request, Status
 from policies.kv.block_pool import BlockPool
@@ -28,13 +44,20 @@ from policies.prefix_hash import BlockHasher, RequestBlockHashes
 _ADMITTING = (Status.WAITING, Status.PREEMPTED)
 
 
-class _ReqKV:
-    __slots__ = ("blocks", "num_cached_blocks", "hashes")
+_ALL = sys.maxsize  # shareable blocks of a request that claims nothing
 
-    def __init__(self) -> None:
+
+class _ReqKV:
+    __slots__ = ("blocks", "num_cached_blocks", "hashes", "shared", "own", "tag")
+
+    def __init__(self, shared: int = _ALL) -> None:
         self.blocks: list[int] = []
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
         self.hashes: RequestBlockHashes | None = None  # kept across preemptions, like vLLM's
+        self.shared = shared  # leading blocks another request may hold; the rest are its own
+        # own blocks freed by a preemption: block index -> blocks in registration order
+        self.own: dict[int, list[int]] | None = None
+        self.tag = 0  # the private tag of block i is tag - i (0: none given yet)
 
 
 class PagedKVManager:
@@ -60,6 +83,7 @@ class PagedKVManager:
         self.hasher = BlockHasher(block_size) if enable_caching else None
         self._reqs: dict[Request, _ReqKV] = {}
         self._held_blocks = 0  # sum of block-table lengths (a shared block counts once per holder)
+        self._tags = 0  # requests given private tags so far
 
     # --- what the policy reads -------------------------------------------------------------
     @property
@@ -86,8 +110,12 @@ class PagedKVManager:
     def _state(self, req: Request) -> _ReqKV:
         st = self._reqs.get(req)
         if st is None:
-            st = self._reqs[req] = _ReqKV()
+            st = self._reqs[req] = self._new_state(req)
         return st
+
+    def _new_state(self, req: Request) -> _ReqKV:
+        own = req.shareable_tokens
+        return _ReqKV(_ALL if own is None else own // self.block_size)
 
     def _hashes(self, req: Request, st: _ReqKV) -> RequestBlockHashes:
         if st.hashes is None:
@@ -103,14 +131,25 @@ class PagedKVManager:
         if max_blocks <= 0:
             return [], 0
         st = self._state(req)
-        rh = self._hashes(req, st)
-        hasher, pool = self.hasher, self.pool
         hits: list[int] = []
-        for i in range(max_blocks):  # hashes are computed only as far as the hit reaches
-            b = pool.get_cached_block(hasher.hash_at(rh, i))
-            if b is None:
-                break
-            hits.append(b)
+        shared = min(st.shared, max_blocks)
+        if shared:
+            rh = self._hashes(req, st)
+            hasher, pool = self.hasher, self.pool
+            for i in range(shared):  # hashes are computed only as far as the hit reaches
+                b = pool.get_cached_block(hasher.hash_at(rh, i))
+                if b is None:
+                    return hits, len(hits) * self.block_size
+                hits.append(b)
+        own = st.own
+        if own and max_blocks > shared:  # its own blocks, as a preemption left them
+            bh, tag = self.pool.block_hash, st.tag
+            for i in range(shared, max_blocks):
+                t = tag - i
+                b = next((c for c in own.get(i, ()) if bh[c] == t), None)
+                if b is None:
+                    break
+                hits.append(b)
         return hits, len(hits) * self.block_size
 
     # --- allocation -------------------------------------------------------------------------
@@ -162,7 +201,7 @@ class PagedKVManager:
                         self._cache_blocks(req, st, n_tok)
                 return []
         if st is None:
-            st = self._reqs[req] = _ReqKV()
+            st = self._reqs[req] = self._new_state(req)
         hits = new_computed_blocks or []
         local_computed = req.num_computed_tokens + num_new_computed_tokens
         wm = self.watermark_blocks if (has_scheduled_reqs and req.status in _ADMITTING) else 0
@@ -194,22 +233,55 @@ class PagedKVManager:
         num_full = num_tokens // self.block_size
         if num_full <= st.num_cached_blocks:
             return
-        hashes = self.hasher.extend(self._hashes(req, st), num_full)
-        blocks, pool = st.blocks, self.pool
-        for i in range(st.num_cached_blocks, num_full):
-            pool.cache_block(blocks[i], hashes[i])
+        top = min(num_full, st.shared)  # the request's own blocks are registered by count only
+        if top > st.num_cached_blocks:
+            hashes = self.hasher.extend(self._hashes(req, st), top)
+            blocks, pool = st.blocks, self.pool
+            for i in range(st.num_cached_blocks, top):
+                pool.cache_block(blocks[i], hashes[i])
         st.num_cached_blocks = num_full
 
     # --- freeing ----------------------------------------------------------------------------
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, _keep_own: bool = True) -> None:
         """Give back every block the request holds, tail first (preemption or finish)."""
         st = self._reqs.get(req)
         if st is None or not st.blocks:
             return
-        self.pool.free_blocks(reversed(st.blocks))
+        if st.num_cached_blocks > st.shared:
+            self._tag_own(st, _keep_own)
+        if self.enable_caching:
+            # blocks [0, num_cached) hold content (hashed or tagged), the rest none
+            self.pool.free_table(st.blocks, st.num_cached_blocks)
+        else:
+            self.pool.free_blocks(reversed(st.blocks))
         self._held_blocks -= len(st.blocks)
         st.blocks = []
         st.num_cached_blocks = 0
+
+    def _tag_own(self, st: _ReqKV, keep: bool) -> None:
+        """Give the request's registered own blocks their private tags before they are freed
+        (a tagged block goes to the back of the free queue, as a hashed one does); when it may
+        come back (``keep``), remember them per index in vLLM's registry order for that hash."""
+        if not st.tag:
+            self._tags += 1
+            st.tag = -(self._tags << 32)
+        tag, bh, blocks = st.tag, self.pool.block_hash, st.blocks
+        lo, hi = st.shared, st.num_cached_blocks
+        if not keep:
+            for i in range(lo, hi):
+                bh[blocks[i]] = tag - i
+            return
+        own = st.own
+        if own is None:
+            own = st.own = {}
+        for i in range(lo, hi):
+            b, t = blocks[i], tag - i
+            if bh[b] == t:
+                continue  # a hit on an earlier copy: still registered, in its old place
+            copies = own.get(i)
+            # evicted copies left vLLM's registry; this block joins it last
+            own[i] = [c for c in copies if bh[c] == t] + [b] if copies else [b]
+            bh[b] = t
 
     # --- pure-decode stretches (Policy.decode_stretch) ----------------------------------------
     # In a pure-decode step every request of the batch asks allocate_slots for one more slot: a
@@ -254,6 +326,15 @@ class PagedKVManager:
         B = self.block_size
         reqs = self._reqs
         caching = self.enable_caching
+        if caching and all(st.num_cached_blocks >= st.shared for st in map(reqs.__getitem__, batch)):
+            # every block still to fill is its requests' own: registering one is a count, which
+            # ends at the last step's context; only the allocations remain
+            for r in batch:
+                st = reqs[r]
+                full = (r.num_computed_tokens + k) // B
+                if full > st.num_cached_blocks:
+                    st.num_cached_blocks = full
+            caching = False
         events: list[tuple[int, int]] = []
         for i, r in enumerate(batch):
             st = reqs[r]
@@ -276,8 +357,8 @@ class PagedKVManager:
         if len(events) > 1:
             events = sorted(set(events))
         if not caching:
-            # only allocations, each of one block, and nothing is freed or evicted in between:
-            # popping them all at once hands out the same blocks in the same order
+            # only allocations, each of one block, and nothing is freed in between: popping them
+            # all at once hands out (and evicts) the same blocks in the same order
             new = self.pool.get_new_blocks(len(events))
             for (j, i), block in zip(events, new):
                 reqs[batch[i]].blocks.append(block)
@@ -297,5 +378,5 @@ class PagedKVManager:
 
     def release(self, req: Request) -> None:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
-        self.free(req)
+        self.free(req, _keep_own=False)
         self._reqs.pop(req, None)

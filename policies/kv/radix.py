@@ -48,6 +48,7 @@ from policies.base import Request
 
 Segment = tuple[Any, int, int]
 EVICT_MODES = ("leaf", "truncate")
+_MIN_COMPACT = 4096  # heap entries before the first compaction
 
 
 def request_tokens(req: Request, n: int | None = None) -> list[Segment]:
@@ -155,6 +156,7 @@ class RadixCache:
         self.private = 0
         self._clock = 0
         self._heap: list[tuple[int, int, RadixNode]] = []  # evictable leaves, lazily invalidated
+        self._compact_at = _MIN_COMPACT  # rebuild the heap from its live entries past this length
         # statistics
         self.evicted_tokens = 0
         self.inserted_tokens = 0
@@ -212,6 +214,24 @@ class RadixCache:
     def _maybe_leaf(self, node: RadixNode) -> None:
         if node is not self.root and node.lock_ref == 0 and not node.children:
             heapq.heappush(self._heap, (node.last_access, node.uid, node))
+            if len(self._heap) > self._compact_at:
+                self._compact()
+
+    def _live(self, entry: tuple[int, int, RadixNode]) -> bool:
+        """Whether eviction would take this heap entry (the test :meth:`evict` applies)."""
+        t, _uid, node = entry
+        return not (node.parent is None or node.lock_ref or node.children or node.last_access != t
+                    or node.parent.children.get(self._child_key(node.key)) is not node)
+
+    def _compact(self) -> None:
+        """Drop the entries eviction would skip. Every touch pushes an entry and only eviction pops
+        them, so without this the heap grows with every request while the cache has room. A node
+        whose entry is dropped because it is locked or has children is pushed again the moment it
+        becomes an evictable leaf (``dec_lock``, ``evict``), so the pops are the same."""
+        live = list({(t, uid): (t, uid, node) for t, uid, node in self._heap if self._live((t, uid, node))}.values())
+        heapq.heapify(live)
+        self._heap = live
+        self._compact_at = max(_MIN_COMPACT, 2 * len(live))
 
     def _touch(self, node: RadixNode, now: int) -> None:
         node.last_access = now
@@ -309,12 +329,11 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` (when the tree has that many evictable), LRU leaves first."""
         evicted = 0
-        heap = self._heap
-        while evicted < num_tokens and heap:
-            t, _uid, node = heapq.heappop(heap)
-            if (node.parent is None or node.lock_ref or node.children or node.last_access != t
-                    or node.parent.children.get(self._child_key(node.key)) is not node):
+        while evicted < num_tokens and self._heap:  # (a compaction may replace the list)
+            entry = heapq.heappop(self._heap)
+            if not self._live(entry):
                 continue  # a stale entry: the node was locked, grew children, was touched or removed
+            t, _uid, node = entry
             need = num_tokens - evicted
             if self.evict_mode == "truncate" and need < node.length:
                 cut = self.ceil_page(need)
@@ -323,7 +342,7 @@ class RadixCache:
                     node.length -= cut
                     self._drop(cut)
                     evicted += cut
-                    heapq.heappush(heap, (node.last_access, node.uid, node))
+                    heapq.heappush(self._heap, (node.last_access, node.uid, node))
                     break
             parent = node.parent
             del parent.children[self._child_key(node.key)]

@@ -33,7 +33,8 @@ def capacity_cmd(
     console = Console()
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
-    with console.status(f"searching capacity to ±{tolerance:.1%} ..."):
+    with shared.search_display(console, scn, policy, workers, backend, f"searching capacity to ±{tolerance:.1%}",
+                               disaggregated=True):
         results = capacity(scn, policies=policy or None, tolerance=tolerance, workers=workers,
                            backend=backend, ray_address=ray_address)
     slo = scn.slo

@@ -49,12 +49,12 @@ def plan_cmd(
         if is_closed_loop(scn) or target_rate is None:
             raise CbsimError("--disaggregated plans an open-loop --target-rate; closed-loop clients "
                              "(workload.arrival.process: closed) are planned without --disaggregated")
-        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out)
+        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, workers)
         return
     closed = is_closed_loop(scn)
     load = (f"{target_concurrency or scn.workload.arrival.concurrency} closed-loop clients" if closed
             else f"{target_rate:g} req/s" if target_rate is not None else "?")
-    with console.status(f"planning for {load} ..."):
+    with shared.search_display(console, scn, policy, workers, backend, f"planning for {load}"):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
                      backend=backend, ray_address=ray_address, target_concurrency=target_concurrency)
     price = scn.cost_per_gpu_hour

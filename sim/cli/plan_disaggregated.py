@@ -20,15 +20,16 @@ def parse_tp(text: str | None) -> list[int] | None:
 
 
 def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int, tp: str | None,
-                             policies, json_out) -> None:
+                             policies, json_out, workers: int | None = None) -> None:
     from rich.table import Table
 
     from sim.cli import search_options as shared
-    from sim.planning.disagg_plan import plan_disaggregated
+    from sim.cli.search_progress import SearchProgress
+    from sim.planning.disagg_plan import DEFAULT_JOBS, plan_disaggregated
 
-    with console.status(f"planning xPyD splits for {target_rate:g} req/s ..."):
-        p = plan_disaggregated(scn, target_rate, tp_choices=parse_tp(tp), max_instances=max_replicas,
-                               policies=policies or None)
+    reporter = SearchProgress(console, f"planning xPyD splits for {target_rate:g} req/s")
+    p = plan_disaggregated(scn, target_rate, tp_choices=parse_tp(tp), max_instances=max_replicas,
+                           policies=policies or None, jobs=workers or DEFAULT_JOBS, reporter=reporter)
     price = scn.cost_per_gpu_hour
     dis = scn.disaggregation
     gpu = {pool: str((getattr(dis, pool).hardware or scn.hardware).gpu) for pool in ("prefill", "decode")}

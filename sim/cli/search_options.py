@@ -24,6 +24,28 @@ def workers_option(what: str):
     return typer.Option(None, "--workers", "-j", help=f"policies {what} in parallel (default: min(policies, CPUs))")
 
 
+def search_display(console, scn, policies, workers: int | None, backend: str, title: str,
+                   disaggregated: bool = False):
+    """What a search shows while it runs: the probe line (``sim.cli.search_progress``) when every
+    probe runs in this process (one worker), else a spinner (workers must not inherit a display
+    thread: they are forked)."""
+    import contextlib
+    import os
+
+    from sim.cli.search_progress import SearchProgress
+    from sim.planning.capacity import labels_of
+    from sim.planning.progress import reporting
+
+    n = workers or min(len(labels_of(scn, policies or None, disaggregated)), os.cpu_count() or 1)
+    if backend != "local" or n > 1:
+        return console.status(f"{title} ({n} policies in parallel) ...")
+    reporter = SearchProgress(console, title)
+    stack = contextlib.ExitStack()
+    stack.enter_context(reporter)
+    stack.enter_context(reporting(reporter))
+    return stack
+
+
 def load(scenario: Path, set_: list[str] | None):
     """The scenario with the ``--set`` overrides applied."""
     from sim.scenario.schema import load_scenario

@@ -41,6 +41,7 @@ from sim.disaggregation.handoff import Handoff, HandOffPolicy, pin_blocks, unpin
 from sim.engine import Replica, arrivals_on_the_clock, fast_forward_default
 from sim.metrics.recorder import HORIZON_REACHED, Recorder, explain_unfinished
 from sim.routing import make_router
+from sim.workload.sharing import shareable_tokens
 
 
 @dataclass
@@ -95,7 +96,8 @@ class DecodeReplica(Replica):
 
     def submit(self, rec) -> None:
         """The request's KV has landed: it joins this instance's policy (see HandedOffRecord)."""
-        req = rec.open(len(self.records), self.max_model_len, self.index, self.steps)
+        req = rec.open(self.submitted, self.max_model_len, self.index, self.steps)
+        self.submitted += 1
         self.records[req.id] = rec
         self.policy.add_request(req)
         self._kick()
@@ -152,6 +154,8 @@ class DisaggregatedSimulation:
         self.decode_block_size = decode.block_size
         self.decode_max_model_len = decode.max_model_len
         self.handoffs = [Handoff(s, replace(s, max_tokens=1), decode.max_model_len) for s in specs]
+        for h, own in zip(self.handoffs, shareable_tokens(specs)):
+            h.prefill.shareable = h.decode.shareable = own
         self.by_id = {h.spec.id: h for h in self.handoffs}
         self.landings: list[float] = []  # landing times of the transfers in flight
         self.in_flight = 0  # handed off by a prefill instance, not yet submitted to a decode instance

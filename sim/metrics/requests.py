@@ -45,6 +45,7 @@ class RequestRecord:
         "spec_proposed",
         "spec_accepted",
         "spec_rng",
+        "shareable",
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
@@ -68,6 +69,7 @@ class RequestRecord:
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_rng = None
+        self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
 
     @property
     def generated(self) -> int:
@@ -88,7 +90,7 @@ class RequestRecord:
         ``max_model_len`` (emitted tokens are ``num_output_tokens``: the engine is the only emitter)."""
         s = self.spec
         req = Request(s.id, s.arrival_s, s.prompt_tokens, s.max_tokens, s.priority, s.prompt_runs,
-                      s.output_key, seq=seq)
+                      s.output_key, seq=seq, shareable_tokens=self.shareable)
         self.req = req
         self.replica = replica
         self.steps = steps

@@ -151,12 +151,14 @@ class _Probe:
 
     def met(self, rate: float) -> bool:
         from sim.planning.probe import judge
+        from sim.planning.progress import point
 
         if rate not in self.verdicts:
             # every probe sizes itself from num_requests (no carried-over start), so a fresh probe
             # at the same rate reproduces its verdict exactly
-            self.verdicts[rate] = judge(self.scn, self.label, [f"workload.arrival.rate={rate!r}"], rate,
-                                        self.saturated)
+            with point(f"{self.label} at {rate:.4g} req/s"):
+                self.verdicts[rate] = judge(self.scn, self.label, [f"workload.arrival.rate={rate!r}"], rate,
+                                            self.saturated)
             self.order.append(rate)
         return self.verdicts[rate].met
 

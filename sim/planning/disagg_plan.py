@@ -30,6 +30,13 @@ only for layouts whose runs meet (:func:`sim.planning.probe.judge_saturation_las
 verdicts, fewer bursts); colocated ones once per policy and TP size. ``p99`` figures are those of
 the steady window (of the whole run when no window was long enough).
 
+Speed. Every verdict is a deterministic simulation, so where they are independent they run at
+once, in forked worker processes (``jobs``, default 2: this machine class has two cores): each
+colocated policy's cheapest-layout search runs beside the disaggregated search, and every xPyD
+layout's saturation burst starts when the layout is judged, beside its runs, instead of after
+them. Results are merged in the order a sequential search judges them, so the plan, its
+``probes`` and ``runs`` are the same for every ``jobs``.
+
 Cost. GPUs × ``cost_per_gpu_hour`` per hour of traffic, and per million requests
 ``GPUs × price / (3600 · R) × 10⁶`` (as :mod:`sim.planning.plan`); the pools may have GPUs of
 different kinds, all priced at ``cost_per_gpu_hour``.
@@ -37,11 +44,13 @@ different kinds, all priced at ``cost_per_gpu_hour``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from sim.errors import CbsimError
 from sim.planning.capacity import smallest
+from sim.planning.progress import point, probe, reporting, silence
 
 DEFAULT_MAX_INSTANCES = 16
 SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s")
@@ -112,12 +121,14 @@ class _Verdicts:
     """Judges layouts once each (:func:`sim.planning.probe.judge_saturation_last`), keeps them in
     judging order, and counts the simulations."""
 
-    def __init__(self, scn, rate: float) -> None:
+    def __init__(self, scn, rate: float, pool=None) -> None:
         self.scn, self.rate = scn, rate
         self.seen: dict[tuple, Layout] = {}
         self.order: list[Layout] = []
         self.saturation: dict[tuple, float | None] = {}
         self.runs = 0
+        self.pool = pool  # a multiprocessing pool for saturation bursts ahead of need, or None
+        self._bursts: dict[tuple, object] = {}  # saturation key -> its burst started in the pool
 
     def disaggregated(self, x: int, y: int, tp_p: int, tp_d: int) -> Layout:
         key = ("d", x, y, tp_p, tp_d)
@@ -125,15 +136,27 @@ class _Verdicts:
             sets = [f"disaggregation.prefill.replicas={x}", f"disaggregation.decode.replicas={y}",
                     f"disaggregation.prefill.hardware.tensor_parallel={tp_p}",
                     f"disaggregation.decode.hardware.tensor_parallel={tp_d}"]
-            self._judge(key, sets, None, 1, Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
+            with point(f"{x}P{y}D (TP {tp_p}/{tp_d}) at {self.rate:g} req/s"):
+                self._judge(key, sets, None, 1, Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
         return self.seen[key]
 
     def colocated(self, label: str, n: int, tp: int) -> Layout:
         key = ("c", label, n, tp)
         if key not in self.seen:
-            self._judge(key, [f"replicas.count={n}", f"hardware.tensor_parallel={tp}"], label, n,
-                        Layout(n, 0, tp, 0, n * tp, False))
+            with point(f"{label} colocated, {n} replica(s) of TP {tp} at {self.rate:g} req/s"):
+                self._judge(key, [f"replicas.count={n}", f"hardware.tensor_parallel={tp}"], label, n,
+                            Layout(n, 0, tp, 0, n * tp, False))
         return self.seen[key]
+
+    def merge(self, state: tuple) -> None:
+        """Take in what a worker's search judged (:func:`_cheapest_in_worker`), after this one's."""
+        seen, order, saturation, runs = state
+        for key, layout in seen.items():
+            self.seen.setdefault(key, layout)
+        self.order.extend(order)
+        for key, sat in saturation.items():
+            self.saturation.setdefault(key, sat)
+        self.runs += runs
 
     def _judge(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> None:
         """``units``: what shares the rate, each saturating at the measured throughput (the
@@ -147,6 +170,8 @@ class _Verdicts:
         # a topology saturates as a whole (its own burst); colocated replicas as one replica of
         # the policy at that TP size (one burst shared by every replica count)
         sat_key = key if key[0] == "d" else ("c", label, key[3])
+        if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
+            self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
         v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label))
         self.runs += v.runs
         summary = v.summary
@@ -164,9 +189,49 @@ class _Verdicts:
         from sim.planning.probe import saturated_rate
 
         if sat_key not in self.saturation:
-            self.saturation[sat_key], _ = saturated_rate(scn, label)
+            started = self._bursts.pop(sat_key, None)
+            if started is not None:
+                with point(f"{label} saturation burst"):
+                    probe("waiting for the burst started beside the runs")
+                    self.saturation[sat_key] = started.get()
+            else:
+                self.saturation[sat_key], _ = saturated_rate(scn, label)
             self.runs += 1
         return self.saturation[sat_key]
+
+
+def _burst_in_worker(scn, label: str) -> float | None:
+    """A saturation burst in a worker process (:meth:`_Verdicts._judge` starts it ahead of need)."""
+    from sim.planning.probe import saturated_rate
+
+    silence()
+    return saturated_rate(scn, label)[0]
+
+
+def _cheapest_in_worker(scn, rate: float, label: str, tps: list[int], max_replicas: int) -> tuple:
+    """One colocated policy's cheapest-layout search in a worker process: what it judged, for
+    :meth:`_Verdicts.merge`."""
+    silence()
+    v = _Verdicts(scn, rate)
+    cheapest_colocated(v, label, tps, max_replicas)
+    return v.seen, v.order, v.saturation, v.runs
+
+
+@contextlib.contextmanager
+def _worker_pool(jobs: int):
+    """``jobs`` forked workers (none for 1), terminated on the way out: a burst started ahead of
+    need and never needed is not waited for."""
+    if jobs <= 1:
+        yield None
+        return
+    from sim.planning.sweep import _pool_context
+
+    pool = _pool_context().Pool(jobs)
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layout | None:
@@ -193,11 +258,18 @@ def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layo
     return best
 
 
+DEFAULT_JOBS = 2
+
+
 def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = (),
                        tp_choices: Iterable[int] | None = None, max_instances: int = DEFAULT_MAX_INSTANCES,
-                       policies: Iterable[str] | None = None) -> DisaggPlan:
+                       policies: Iterable[str] | None = None, jobs: int = DEFAULT_JOBS,
+                       reporter=None) -> DisaggPlan:
     """The plan (module docstring). ``tp_choices``: TP sizes tried for each pool and for the
-    colocated layouts (default: the pools' own and the scenario's ``hardware.tensor_parallel``)."""
+    colocated layouts (default: the pools' own and the scenario's ``hardware.tensor_parallel``).
+    ``jobs``: worker processes beside this one (1: everything here, one run at a time).
+    ``reporter``: a ``sim.planning.progress.Reporter`` (and context manager) to show the probes;
+    it starts after the workers are forked."""
     from sim.planning.capacity import labels_of, require_rate, require_slo
     from sim.scenario.schema import load_scenario
 
@@ -222,15 +294,27 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
             raise CbsimError(f"--tp takes tensor-parallel sizes of at least 1, got {tps}")
         pairs = [(a, b) for a in tps for b in tps]
         colocated_tps = tps
-    v = _Verdicts(scn, float(target_rate))
-    best = None
-    for tp_p, tp_d in pairs:
-        found = search_split(v, tp_p, tp_d, max_instances)
-        if found is not None and (best is None or (found.gpus, found.prefill_tp + found.decode_tp)
-                                  < (best.gpus, best.prefill_tp + best.decode_tp)):
-            best = found
-    colocated = {label: compare_colocated(v, label, colocated_tps, best, max_instances, scn.slo)
-                 for label in labels_of(scn, policies)}
+    if jobs < 1:
+        raise CbsimError(f"--workers must be at least 1, got {jobs}")
+    labels = labels_of(scn, policies)
+    rate = float(target_rate)
+    with _worker_pool(jobs) as pool, (reporter or contextlib.nullcontext()), reporting(reporter):
+        v = _Verdicts(scn, rate, pool)
+        searches = {label: pool.apply_async(_cheapest_in_worker, (scn, rate, label, colocated_tps, max_instances))
+                    for label in labels} if pool is not None else {}
+        best = None
+        for tp_p, tp_d in pairs:
+            found = search_split(v, tp_p, tp_d, max_instances)
+            if found is not None and (best is None or (found.gpus, found.prefill_tp + found.decode_tp)
+                                      < (best.gpus, best.prefill_tp + best.decode_tp)):
+                best = found
+        colocated = {}
+        for label in labels:
+            if label in searches:
+                with point(f"{label} colocated: its cheapest layout, searched beside"):
+                    probe("waiting for the search")
+                    v.merge(searches[label].get())
+            colocated[label] = compare_colocated(v, label, colocated_tps, best, max_instances, scn.slo)
     per_hour, per_million = costs(best.gpus if best else None, target_rate, scn.cost_per_gpu_hour)
     return DisaggPlan(label=dis.name, target_rate_rps=float(target_rate), best=best, max_instances=max_instances,
                       cost_per_gpu_hour=scn.cost_per_gpu_hour, cost_per_hour=per_hour,
@@ -242,13 +326,7 @@ def compare_colocated(v: _Verdicts, label: str, tps: list[int], best: Layout | N
                       slo) -> dict:
     """One colocated policy: its cheapest layout meeting the SLO (any of ``tps``; ``replicas``
     None when none up to ``max_replicas`` does), and its run on the disaggregated plan's GPUs."""
-    cheapest = None
-    for tp in tps:
-        n = smallest(lambda n, tp=tp: v.colocated(label, n, tp).met, max_replicas)
-        if n is not None:
-            layout = v.colocated(label, n, tp)
-            if cheapest is None or layout.gpus < cheapest.gpus:
-                cheapest = layout
+    cheapest = cheapest_colocated(v, label, tps, max_replicas)
     out = {"replicas": cheapest.prefill if cheapest else None,
            "tensor_parallel": cheapest.prefill_tp if cheapest else None,
            "gpus": cheapest.gpus if cheapest else None,
@@ -266,6 +344,18 @@ def compare_colocated(v: _Verdicts, label: str, tps: list[int], best: Layout | N
                                 "p99": same.p99, "violations": {} if same.met else violations(same.p99, slo),
                                 "saturated": same.saturated, "saturated_rps": same.saturated_rps}
     return out
+
+
+def cheapest_colocated(v: _Verdicts, label: str, tps: list[int], max_replicas: int) -> Layout | None:
+    """The fewest-GPU colocated layout of one policy meeting the SLO (any of ``tps``), or None."""
+    cheapest = None
+    for tp in tps:
+        n = smallest(lambda n, tp=tp: v.colocated(label, n, tp).met, max_replicas)
+        if n is not None:
+            layout = v.colocated(label, n, tp)
+            if cheapest is None or layout.gpus < cheapest.gpus:
+                cheapest = layout
+    return cheapest
 
 
 def violations(p99: dict, slo) -> dict:

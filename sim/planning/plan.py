@@ -79,15 +79,18 @@ def costs(replicas: int, gpus_per_replica: int, rate: float, price: float | None
 def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT_MAX_REPLICAS) -> Plan:
     """The smallest replica count for one policy (see the module docstring)."""
     from sim.planning.probe import judge, saturated_rate
+    from sim.planning.progress import point
 
-    saturated, _ = saturated_rate(scn, label)
+    with point(label):
+        saturated, _ = saturated_rate(scn, label)
     verdicts: dict = {}
     order: list[int] = []
 
     def met(n: int) -> bool:
         if n not in verdicts:
-            verdicts[n] = judge(scn, label, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
-                                target_rate / n, saturated)
+            with point(f"{label}, {n} replica(s) at {target_rate:g} req/s"):
+                verdicts[n] = judge(scn, label, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
+                                    target_rate / n, saturated)
             order.append(n)
         return verdicts[n].met
 

@@ -101,6 +101,7 @@ def saturated_run(scn, label: str, overrides=()):
     request arriving at once on one replica, or on the whole topology of a disaggregated label
     (:func:`saturated_rate`; the quickstart's story also reads how full the batch and memory were
     while it ran)."""
+    from sim.planning.progress import probe
     from sim.runner import run
     from sim.scenario.schema import load_scenario
 
@@ -108,7 +109,8 @@ def saturated_run(scn, label: str, overrides=()):
     if not is_disaggregated(one, label):
         one = load_scenario(one, ["replicas.count=1"])
     n = burst_size(one, label)
-    res = run(one, [f"workload.num_requests={n}", f"workload.arrival.rate={BURST_RATE!r}"], policies=[label])
+    res = run(one, [f"workload.num_requests={n}", f"workload.arrival.rate={BURST_RATE!r}"], policies=[label],
+              progress=probe(f"saturation burst of {n:,} requests"))
     return res, n
 
 
@@ -126,6 +128,7 @@ def judge(scn, label: str, overrides, load_per_replica: float, saturated: float 
           max_growth: int = MAX_GROWTH, start: int | None = None) -> Verdict:
     """The verdict at ``overrides`` (the probe's rate, replica count, ...): rules 1-3 above."""
     from sim.metrics.steady import needed_scale
+    from sim.planning.progress import probe
     from sim.runner import run
     from sim.scenario.schema import load_scenario
 
@@ -137,7 +140,8 @@ def judge(scn, label: str, overrides, load_per_replica: float, saturated: float 
     summary: dict = {}
     n, stable = (start if start and n0 <= start <= n0 * max_growth else n0), False
     while True:
-        result = run(base, [f"workload.num_requests={n}"], policies=[label])
+        result = run(base, [f"workload.num_requests={n}"], policies=[label],
+                     progress=probe(f"{n:,} requests" + (f" (probe size {len(sizes) + 1})" if sizes else "")))
         summary = result.summaries[label]
         verdict = summary["steady"]["slo_met"]
         if verdict is not None and sizes and sizes[-1][1] == verdict:

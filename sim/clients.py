@@ -21,6 +21,11 @@ the earliest of: a send already scheduled (``pending``), and, while requests are
 each other replica's current step end (``busy_until``) plus the smallest think time. That is
 :meth:`Clients.bound`, which :class:`ClientClock` adds to what the replica's own clock says.
 
+Sessions (``workload.sessions``, or a trace with ``session_id`` and ``turn``) use the same
+machinery: a session's turn k + 1 is sent its ``think_s`` after turn k ended (open loop: the
+session's first turn at its own arrival time; closed loop: a client runs one session after
+another, its ``think_time_s`` between them).
+
 Where time stops without a ``horizon_s``: as for open-loop arrivals (``sim.runner``), at the last
 send + max(drain, the sends' span), the drain being ``DEFAULT_DRAIN_S``; the cap moves with every
 send, and the simulation stops when it is reached with no send since (an URGENT event, as SimPy's
@@ -37,56 +42,80 @@ from dataclasses import replace
 from simpy.core import StopSimulation
 from simpy.events import URGENT, Event
 
-from sim.workload.closed_loop import ClosedLoop
+from sim.workload.closed_loop import ClosedLoop, SendPlan
 
 
 class Clients:
-    """The clients of one simulation. ``items`` (records, or the disaggregated topology's
-    hand-offs) in send order; ``stamp(item, t, client)`` writes the send time and client into the
-    item; ``deliver(item)`` routes it; ``all_sent()`` once the last one is sent."""
+    """The sends of one simulation. ``items`` (records, or the disaggregated topology's hand-offs,
+    each with a ``spec``) in workload order; ``plan`` says which are sessions and whether clients
+    run them (:class:`sim.workload.closed_loop.SendPlan`); ``stamp(item, t, client)`` writes the
+    send time and client into the item; ``deliver(item)`` routes it; ``all_sent()`` once the last
+    one is sent."""
 
-    def __init__(self, env, loop: ClosedLoop, items: Sequence, stamp: Callable, deliver: Callable,
+    def __init__(self, env, plan: SendPlan | ClosedLoop, items: Sequence, stamp: Callable, deliver: Callable,
                  all_sent: Callable[[], None], drain_s: float | None = None) -> None:
+        if isinstance(plan, ClosedLoop):  # clients sending one request after another
+            plan = SendPlan(tuple((i,) for i in range(len(items))), plan)
         self.env = env
         self.items = items
         self.n = len(items)
         self.stamp = stamp
         self.deliver = deliver
         self.all_sent = all_sent
-        self.think = loop.think_s.tolist()
-        self.min_think = loop.min_think_s
+        self.sessions = plan.sessions
+        self.closed = plan.closed
+        self.where = {}  # request id -> (session, turn position)
+        for si, sess in enumerate(self.sessions):
+            for k, i in enumerate(sess):
+                self.where[items[i].spec.id] = (si, k)
+        self.think = plan.closed.think_s.tolist() if plan.closed is not None else []
+        self.min_think = plan.min_think_s([it.spec for it in items])
         self.pending: list[float] = []  # times of the sends scheduled and not yet made (a heap)
         self.scheduled = 0  # requests given a send time (sent or pending)
         self.sent = 0
-        self.freed_count = 0  # clients freed so far: the index of the next think time
+        self.next_session = 0  # closed loop: the next session a free client takes
+        self.freed_count = 0  # closed loop: clients freed so far, the index of the next think time
         self.ended = 0
         self.drain_s = drain_s
-        first = loop.first_send_s
+        if plan.closed is not None:
+            first = list(plan.closed.first_send_s)
+        else:  # open loop: each session's first turn at its own arrival time
+            first = [items[sess[0]].spec.arrival_s for sess in self.sessions]
         self.first_s = min(first) if first else 0.0
         self.last_s = max(first) if first else 0.0
         self.deadline = self._cap() if drain_s is not None else math.inf
         self.stopped_at: float | None = None  # where the cap stopped the run (None: it did not)
-        for client, at in enumerate(first):
-            self._schedule(client, at)
+        if plan.closed is not None:
+            for client, at in enumerate(first):
+                self._start_session(client, at)
+        else:
+            for sess, at in zip(self.sessions, first):
+                self._schedule(sess[0], -1, at)
         if self.n == 0:
             all_sent()
         elif drain_s is not None:
             self._arm()
 
     # --- sends ------------------------------------------------------------------------------------
-    def _schedule(self, client: int, delay: float) -> None:
+    def _start_session(self, client: int, delay: float) -> None:
+        si = self.next_session
+        self.next_session += 1
+        self._schedule(self.sessions[si][0], client, delay)
+
+    def _schedule(self, index: int, client: int, delay: float) -> None:
         env = self.env
         heapq.heappush(self.pending, env.now + delay)  # exactly where SimPy puts the timeout
         self.scheduled += 1
-        ev = env.timeout(delay, value=client)
+        ev = env.timeout(delay, value=(index, client))
         ev.callbacks.append(self._send)
 
     def _send(self, ev) -> None:
         heapq.heappop(self.pending)  # timeouts fire in time order: this one is the heap's least
         now = self.env.now
-        item = self.items[self.sent]
+        index, client = ev.value
+        item = self.items[index]
         self.sent += 1
-        self.stamp(item, now, ev.value)
+        self.stamp(item, now, client)
         if now > self.last_s:
             self.last_s = now
             if self.drain_s is not None:
@@ -95,14 +124,27 @@ class Clients:
         if self.sent == self.n:
             self.all_sent()
 
-    def freed(self, rec=None) -> None:
-        """A request ended now (finished, rejected, or stuck): its client thinks, then sends the
-        next request, if any is left."""
+    def freed(self, rec) -> None:
+        """A request ended now (finished, rejected, or stuck): its session's next turn is sent after
+        its think time (not before a trace's timestamp for it); after a session's last turn a
+        closed-loop client thinks, then starts the next session, if any is left."""
         self.ended += 1
-        if self.scheduled < self.n:
+        if self.scheduled >= self.n:
+            return
+        si, k = self.where[rec.spec.id]
+        sess = self.sessions[si]
+        client = rec.spec.client
+        if k + 1 < len(sess):
+            nxt = sess[k + 1]
+            spec = self.items[nxt].spec
+            delay = spec.think_s
+            if spec.arrival_s == spec.arrival_s and spec.arrival_s - self.env.now > delay:  # a trace's time
+                delay = spec.arrival_s - self.env.now
+            self._schedule(nxt, client, delay)
+        elif self.closed is not None and self.next_session < len(self.sessions):
             k = self.freed_count
             self.freed_count += 1
-            self._schedule(rec.spec.client if rec is not None else 0, self.think[k])
+            self._start_session(client, self.think[k])
 
     # --- fast-forward -----------------------------------------------------------------------------
     def bound(self, own, replicas: Sequence) -> float:

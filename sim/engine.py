@@ -56,7 +56,7 @@ from sim.metrics.recorder import (
 )
 from sim.metrics.requests import emit_caught_up, verify_drafts
 from sim.routing import round_robin
-from sim.workload.closed_loop import ClosedLoop
+from sim.workload.closed_loop import ClosedLoop, SendPlan
 from sim.workload.request_spec import RequestSpec
 from sim.workload.sharing import shareable_tokens
 
@@ -419,13 +419,13 @@ class Simulation:
     def __init__(self, specs: Sequence[RequestSpec], replicas: Sequence[tuple[Policy, LatencyModel]],
                  max_model_len: int, router: Router | None = None, horizon_s: float | None = None,
                  on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
-                 horizon_reason: str = HORIZON_REACHED, clients: ClosedLoop | None = None,
+                 horizon_reason: str = HORIZON_REACHED, clients: SendPlan | ClosedLoop | None = None,
                  drain_s: float | None = None, cap_reason: Callable[[float], str] | None = None,
                  acceptance=None):
-        """``clients``: closed-loop clients send the specs (in order) instead of their arrival
-        times (:mod:`sim.clients`); without ``horizon_s`` time then stops ``drain_s`` after the last
-        send at the latest (the requests left get ``cap_reason(cap)``). ``acceptance``: the draws
-        of accepted draft tokens when the policies speculate (:mod:`sim.speculative.acceptance`)."""
+        """``clients``: closed-loop clients and sessions send the specs during the run instead of
+        at their arrival times (:mod:`sim.clients`); without ``horizon_s`` time then stops ``drain_s``
+        after the last send at the latest (the requests left get ``cap_reason(cap)``). ``acceptance``:
+        the draws of accepted draft tokens when the policies speculate (:mod:`sim.speculative.acceptance`)."""
         self.env = simpy.Environment()
         self.specs = specs
         self.recorder = Recorder()

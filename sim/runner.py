@@ -31,7 +31,7 @@ from sim.scenario.resolved import Deployment, resolve
 from sim.scenario.schema import Scenario, load_scenario
 from sim.speculative.report import speculative_report
 from sim.speculative.setup import speculation_for
-from sim.workload.closed_loop import closed_loop
+from sim.workload.closed_loop import send_plan
 from sim.workload.synthetic import build_workload
 
 
@@ -53,11 +53,11 @@ DEFAULT_DRAIN_S = 3600.0
 
 def time_limit(scn: Scenario, specs) -> tuple[float | None, bool]:
     """(where simulated time stops, whether that is the default cap rather than ``horizon_s``).
-    Closed-loop clients (no arrival times before the run) without ``horizon_s``: (None, True), the
-    cap moving with the sends during the run (:mod:`sim.clients`)."""
+    Closed-loop clients or sessions (requests sent during the run) without ``horizon_s``: (None,
+    True), the cap moving with the sends (:mod:`sim.clients`)."""
     if scn.horizon_s is not None:
         return float(scn.horizon_s), False
-    if closed_loop(scn, len(specs)) is not None:
+    if send_plan(scn, specs) is not None:
         return None, True
     if not specs:
         return DEFAULT_DRAIN_S, True
@@ -105,7 +105,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     sim = Simulation(specs, replicas, limits.max_model_len, router=make_router(scn.replicas.router),
                      horizon_s=end_s, on_progress=on_progress,
                      horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
-                     clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason,
+                     clients=send_plan(scn, specs), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason,
                      acceptance=speculation.acceptance if speculation is not None else None)
     recorder = sim.run()
     if end_s is None:  # closed loop: where the moving cap stopped it, if it did
@@ -172,7 +172,7 @@ def run_disaggregation(scn: Scenario, specs, on_progress: Callable[[int], None] 
     requests, steps, summary, meta, top = run_disaggregated(
         scn, specs, knobs_of=policy_knobs, end_s=end_s, on_progress=on_progress,
         horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
-        clients=closed_loop(scn, len(specs)), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason)
+        clients=send_plan(scn, specs), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason)
     if end_s is None:
         end_s = top.end_s
     summary.update(end_report(requests, end_s, capped))

@@ -119,7 +119,7 @@ def test_plain_csv_malformed(tmp_path):
     f = write(tmp_path, "p2.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,3\nsoon,10,3\n")
     assert _error(f) == f"{f}:3: expected arrival_s to be seconds >= 0, got 'soon'"
     f = write(tmp_path, "p3.csv", "arrival_s,prompt_tokens,output_tokens,colour\n0,10,3,red\n")
-    assert _error(f) == f"{f}:1: unknown column 'colour'; columns are arrival_s, prompt_tokens, output_tokens, max_tokens, priority"
+    assert _error(f) == f"{f}:1: unknown column 'colour'; columns are arrival_s, prompt_tokens, output_tokens, max_tokens, priority, session_id, turn"
     f = write(tmp_path, "p4.csv", "arrival_s,prompt_tokens\n0,10\n")
     assert "missing output_tokens" in _error(f)
 

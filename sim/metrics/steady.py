@@ -45,13 +45,20 @@ def turnover_s(requests: pd.DataFrame) -> float:
     return float(np.median(service)) if service.size else 0.0
 
 
+def sent_arrivals(requests: pd.DataFrame) -> np.ndarray:
+    """The arrival times of the requests that arrived: a closed loop's or a session's request that
+    was never sent (the run stopped first) has none (NaN)."""
+    arrivals = requests["arrival_s"].to_numpy(dtype=float)
+    return arrivals[~np.isnan(arrivals)]
+
+
 def needed_scale(requests: pd.DataFrame) -> float:
     """By how much the run (its request count, at the same rate) must grow for its steady window
     to be long enough (1.0 when it is)."""
     if requests.empty:
         return 2.0
-    arrivals = requests["arrival_s"].to_numpy(dtype=float)
-    span = float(arrivals.max() - arrivals.min())
+    arrivals = sent_arrivals(requests)
+    span = float(arrivals.max() - arrivals.min()) if arrivals.size else 0.0
     turnover = turnover_s(requests)
     need_span = (MIN_WINDOW_TURNOVERS + 2) * turnover / (1 - 2 * WARMUP_FRACTION)
     need = max(need_span / span if span > 0 else 2.0,
@@ -63,7 +70,9 @@ def steady_window(requests: pd.DataFrame) -> tuple[float, float] | None:
     """``(start_s, end_s)`` of the steady window (module doc); None when it is empty."""
     if requests.empty:
         return None
-    arrivals = requests["arrival_s"].to_numpy(dtype=float)
+    arrivals = sent_arrivals(requests)
+    if not arrivals.size:
+        return None
     first, last = float(arrivals.min()), float(arrivals.max())
     cut = max(WARMUP_FRACTION * (last - first), turnover_s(requests))
     start, end = first + cut, last - cut

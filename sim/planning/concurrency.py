@@ -29,8 +29,13 @@ CEILING_FACTOR = 8
 
 
 def probe_overrides(scn, concurrency: int, extra=()) -> list[str]:
-    n = max(int(scn.workload.num_requests or 0), REQUESTS_PER_CLIENT * concurrency)
-    return [*extra, f"workload.arrival.concurrency={concurrency}", f"workload.num_requests={n}"]
+    """A probe at ``concurrency`` clients, each sending at least ``REQUESTS_PER_CLIENT`` requests
+    (or sessions, for a workload of sessions)."""
+    from sim.planning.probe import size_key
+
+    key, n = size_key(scn)
+    n = max(n, REQUESTS_PER_CLIENT * concurrency)
+    return [*extra, f"workload.arrival.concurrency={concurrency}", f"{key}={n}"]
 
 
 def batch_slots(scn, label: str) -> int:

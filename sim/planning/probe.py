@@ -63,6 +63,15 @@ class Verdict:
         return next((n for n, v in self.sizes if v is not None), None)
 
 
+def size_key(scn) -> tuple[str, int]:
+    """The key that sizes a probe and its value in ``scn``: ``workload.num_requests``, or
+    ``workload.sessions.count`` for a workload of sessions (whose requests are their turns)."""
+    w = scn.workload
+    if w.sessions is not None:
+        return "workload.sessions.count", int(w.sessions.count)
+    return "workload.num_requests", int(w.num_requests or 0)
+
+
 def is_disaggregated(scn, label: str) -> bool:
     """Whether ``label`` names the scenario's disaggregated entry (not a colocated policy)."""
     return scn.disaggregation is not None and label == scn.disaggregation.name
@@ -73,6 +82,8 @@ def saturated_rate(scn, label: str, overrides=()) -> tuple[float | None, int]:
     topology of a disaggregated label; requests in the burst that measured it)."""
     from sim.metrics.steady import saturated_throughput
 
+    if load_sessions(scn, overrides):
+        return None, 0  # a burst of sessions is no burst: their later turns wait for think times
     res, n = saturated_run(scn, label, overrides)
     return saturated_throughput(res.requests), n
 
@@ -94,6 +105,12 @@ def burst_size(scn, label: str) -> int:
         entry = next(e for e in scn.policies if (e.label or e.name) == label)
         slots = resolve(scn).limits_for(entry.name, policy_knobs(scn, entry)).max_num_seqs
     return max(int(scn.workload.num_requests or 0), BURST_SLOTS_FACTOR * slots)
+
+
+def load_sessions(scn, overrides=()) -> bool:
+    from sim.scenario.schema import load_scenario
+
+    return load_scenario(scn, list(overrides)).workload.sessions is not None
 
 
 def saturated_run(scn, label: str, overrides=()):
@@ -135,12 +152,13 @@ def judge(scn, label: str, overrides, load_per_replica: float, saturated: float 
     if saturated is not None and load_per_replica >= saturated:
         return Verdict(met=False, stable=True, saturated=True)
     base = load_scenario(scn, list(overrides))
-    n0 = int(base.workload.num_requests or 0) or 1
+    key, n0 = size_key(base)
+    n0 = n0 or 1
     sizes: list[tuple[int, bool | None]] = []
     summary: dict = {}
     n, stable = (start if start and n0 <= start <= n0 * max_growth else n0), False
     while True:
-        result = run(base, [f"workload.num_requests={n}"], policies=[label],
+        result = run(base, [f"{key}={n}"], policies=[label],
                      progress=probe(f"{n:,} requests" + (f" (probe size {len(sizes) + 1})" if sizes else "")))
         summary = result.summaries[label]
         verdict = summary["steady"]["slo_met"]

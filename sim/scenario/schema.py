@@ -433,6 +433,49 @@ class Prefix(BaseModel):
                                                              "prompt shorter than this is all prefix")
 
 
+class SystemPrompt(BaseModel):
+    """The system prompts sessions start with: each session draws one of ``num_groups`` uniformly."""
+
+    model_config = _cfg()
+
+    num_groups: int = Field(1, ge=1, le=MAX_REQUESTS, description="distinct system prompts")
+    tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="tokens of each system prompt; 0: none")
+
+
+class Sessions(BaseModel):
+    """Multi-turn sessions (chat, agents): turn k+1 is sent think_time_s after turn k's last token,
+    its prompt the whole history (system prompt, every earlier message and answer) plus a new
+    message (docs/sessions.md)."""
+
+    model_config = _cfg()
+
+    count: int = Field(ge=1, le=MAX_REQUESTS, description="sessions (required); they start by "
+                       "workload.arrival (rate: sessions per second; closed: concurrency sessions at a time)")
+    turns: LengthDist = Field(default_factory=lambda: LengthDist(dist="fixed", value=4),
+                              description="turns per session (requests); a turn whose prompt would not fit "
+                                          "engine.max_model_len ends its session early")
+    think_time_s: float | TimeDist = Field(0.0, description="seconds between a turn's last token and the next "
+                                           "turn's send: a number or {dist: fixed|uniform|exponential|lognormal}")
+    new_tokens: LengthDist = Field(default_factory=lambda: LengthDist(dist="fixed", value=128),
+                                   description="tokens of each turn's new user (or tool) message")
+    output_tokens: LengthDist = Field(default_factory=lambda: LengthDist(dist="fixed", value=256),
+                                      description="tokens of each turn's answer")
+    system_prompt: SystemPrompt = Field(default_factory=SystemPrompt, description="the shared system prompts")
+
+    @model_validator(mode="after")
+    def _check(self) -> Sessions:
+        if self.turns.dist in ("trace", "azure-conv"):
+            raise KeyedError("turns.dist", f"{self.turns.dist!r} is a token-length table; turns takes fixed, "
+                                           f"uniform or lognormal")
+        for key in ("new_tokens", "output_tokens"):
+            if getattr(self, key).dist == "trace":
+                raise KeyedError(f"{key}.dist", "'trace' is not a session distribution: a trace with "
+                                                "session_id and turn columns replays as sessions itself")
+        if isinstance(self.think_time_s, float | int) and self.think_time_s < 0:
+            raise KeyedError("think_time_s", f"must be >= 0 seconds, got {self.think_time_s}")
+        return self
+
+
 class InlineRequest(BaseModel):
     """One request written out in the scenario."""
 
@@ -495,6 +538,8 @@ class Workload(BaseModel):
                                    "output_tokens for traces and written-out requests")
     trace: TraceSource | None = Field(None, description="replay a trace file; null: synthetic")
     prefix: Prefix | None = Field(None, description="shared prompt prefixes; null: every prompt unique")
+    sessions: Sessions | None = Field(None, description="multi-turn sessions (docs/sessions.md); then "
+                                      "num_requests, prompt_tokens and output_tokens are unused; null: none")
     requests: list[InlineRequest] | None = Field(None, min_length=1, description="requests written out one by "
                                                  "one (then arrival, prompt_tokens and output_tokens are unused); "
                                                  "null: generated")
@@ -502,6 +547,22 @@ class Workload(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> Workload:
         explicit = self.model_fields_set
+        if self.sessions is not None:
+            for key in ("requests", "trace", "prefix"):
+                if getattr(self, key) is not None:
+                    why = {"requests": "written-out requests", "prefix": "sessions share their system_prompt "
+                           "and history instead", "trace": "a trace with session_id and turn columns replays "
+                           "as sessions itself"}[key]
+                    raise KeyedError(key, f"cannot be combined with workload.sessions ({why})")
+            for key in ("num_requests", "prompt_tokens", "output_tokens", "max_tokens"):
+                if key in explicit and getattr(self, key) is not None:
+                    raise KeyedError(key, "not used with workload.sessions (sessions.count, turns, new_tokens "
+                                          "and output_tokens say what is sent); drop it")
+            if self.arrival.process == "trace":
+                raise KeyedError("arrival.process", "'trace' needs workload.trace; sessions start by a "
+                                                    "synthetic process or closed-loop clients")
+            self.num_requests = None
+            return self
         if self.requests is not None:
             for key in ("trace", "prefix"):
                 if getattr(self, key) is not None:

@@ -35,13 +35,13 @@ class ClosedLoop:
         return float(self.think_s.min()) if self.think_s.size else 0.0
 
 
-def think_times(think, n: int, seed: int) -> np.ndarray:
-    """``n`` think times from ``workload.arrival.think_time_s`` (a number, a ``TimeDist`` or null)."""
+def think_times(think, n: int, seed: int, stream: int = THINK) -> np.ndarray:
+    """``n`` think times from a ``think_time_s`` (a number, a ``TimeDist`` or null)."""
     if think is None:
         return np.zeros(n)
     if isinstance(think, int | float):
         return np.full(n, float(think))
-    gen = np.random.default_rng([seed, THINK])
+    gen = np.random.default_rng([seed, stream])
     if think.dist == "fixed":
         return np.full(n, float(think.value))
     if think.dist == "uniform":
@@ -65,3 +65,42 @@ def closed_loop(scenario, n: int) -> ClosedLoop | None:
     ramp = float(a.ramp_s or 0.0)
     first = tuple(c * ramp / a.concurrency for c in range(clients))
     return ClosedLoop(a.concurrency, first, think_times(a.think_time_s, n, scenario.seed))
+
+
+@dataclass(frozen=True)
+class SendPlan:
+    """Which requests are sent during the run, and after what (:mod:`sim.clients`): the sessions
+    (request indices in turn order; a request alone is a session of one turn), and the closed-loop
+    clients that run them one after another, or None when each session's first turn arrives at
+    its own ``arrival_s``. A later turn is sent its ``think_s`` after the previous turn ended."""
+
+    sessions: tuple[tuple[int, ...], ...]
+    closed: ClosedLoop | None
+
+    def min_think_s(self, specs) -> float:
+        """No send follows an end sooner than this (the fast-forward's bound)."""
+        turn = [specs[i].think_s for sess in self.sessions for i in sess[1:]]
+        values = turn + ([self.closed.min_think_s] if self.closed is not None else [])
+        return min(values) if values else 0.0
+
+
+def send_plan(scenario, specs) -> SendPlan | None:
+    """The scenario's sends during the run: closed-loop clients, sessions, or both; None when every
+    request arrives at its own time (open loop, no sessions)."""
+    in_sessions = any(s.session >= 0 for s in specs)
+    w = scenario.workload
+    closed_wanted = w.requests is None and w.arrival.process == "closed"
+    if not closed_wanted and not in_sessions:
+        return None
+    groups: dict[int, list[int]] = {}
+    order: list[list[int]] = []
+    for i, spec in enumerate(specs):
+        if spec.session < 0:
+            order.append([i])
+        elif spec.session in groups:
+            groups[spec.session].append(i)
+        else:
+            groups[spec.session] = [i]
+            order.append(groups[spec.session])
+    sessions = tuple(tuple(sorted(g, key=lambda i: specs[i].turn)) for g in order)
+    return SendPlan(sessions, closed_loop(scenario, len(sessions)))

@@ -3,7 +3,9 @@
 The workload generators and trace readers produce these; the engine turns each into a
 :class:`policies.base.Request` (which hides ``output_tokens`` from the policy). A closed-loop
 request's ``arrival_s`` is NaN until a client sends it: the engine replaces the spec then, with
-the send time and the client (``sim.clients``).
+the send time and the client (``sim.clients``); so is a session's later turn's (turn >= 1),
+unless a trace gave it a timestamp: it is sent ``think_s`` after the previous turn ended (and not
+before that timestamp).
 """
 
 from __future__ import annotations
@@ -26,3 +28,4 @@ class RequestSpec:
     client: int = -1  # closed loop: the client that sent it (sim.clients); -1: an open-loop arrival
     session: int = -1  # multi-turn sessions: the session and the turn (0-based); -1: not a session
     turn: int = -1
+    think_s: float = 0.0  # a session's later turn: sent this long after the previous turn ended

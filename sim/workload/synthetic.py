@@ -59,53 +59,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.errors import ScenarioError
-from sim.workload.distributions import lognormal_params
+from sim.workload.draws import OUTPUT, PREFIX, PROMPT, ROWS, rng, sample_lengths, synthetic_arrivals
 from sim.workload.request_spec import RequestSpec
 
 if TYPE_CHECKING:
     from sim.scenario.schema import Scenario
-
-# one independent random stream per quantity: [seed, STREAM]
-ARRIVALS, PROMPT, OUTPUT, ROWS, PREFIX = 1, 2, 3, 4, 5
-
-
-def rng(seed: int, stream: int) -> np.random.Generator:
-    return np.random.default_rng([seed, stream])
-
-
-def unit_gaps(process: str, n: int, generator: np.random.Generator, cv: float | None = None) -> np.ndarray:
-    """``n`` inter-arrival gaps of a rate-1 process (divide by the rate to scale)."""
-    if process == "poisson":
-        return generator.exponential(1.0, n)
-    if process == "gamma":
-        shape = 1.0 / (cv * cv)
-        return generator.gamma(shape, 1.0 / shape, n)
-    if process == "constant":
-        return np.ones(n)
-    raise ValueError(f"no synthetic arrival process {process!r}")
-
-
-def synthetic_arrivals(arrival, n: int, seed: int) -> np.ndarray:
-    """Arrival times of ``n`` requests, the first at 0."""
-    gaps = unit_gaps(arrival.process, max(n - 1, 0), rng(seed, ARRIVALS), arrival.cv)
-    return np.concatenate(([0.0], np.cumsum(gaps)))[:n] / arrival.rate
-
-
-def sample_lengths(dist, n: int, generator: np.random.Generator, field: str = "prompt") -> np.ndarray:
-    """``n`` integer lengths from a fixed, uniform, lognormal or azure-conv ``LengthDist`` (the
-    last one's table depends on ``field``, "prompt" or "output")."""
-    if dist.dist == "fixed":
-        return np.full(n, dist.value, dtype=np.int64)
-    if dist.dist == "uniform":
-        return generator.integers(dist.min, dist.max, size=n, endpoint=True, dtype=np.int64)
-    if dist.dist == "lognormal":
-        mu, sigma = lognormal_params(dist.mean, dist.p99)
-        return np.rint(generator.lognormal(mu, sigma, n)).astype(np.int64)
-    if dist.dist == "azure-conv":
-        from sim.workload.azure_conv import sample
-
-        return sample(field, n, generator)
-    raise ValueError(f"no synthetic length distribution {dist.dist!r}")
 
 
 def build_workload(scenario: Scenario) -> list[RequestSpec]:
@@ -113,6 +71,10 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     w = scenario.workload
     if w.requests is not None:
         return _written_out(scenario)
+    if w.sessions is not None:
+        from sim.workload.sessions import build_sessions
+
+        return build_sessions(scenario)
     max_len = scenario.engine.max_model_len
     trace = None
     if w.trace is not None:
@@ -177,6 +139,15 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
             raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its "
                                 f"hash_ids already say which prompts share prefixes")
         trace_runs = trace.prompt_runs
+    sessions = None  # a csv trace's session_id and turn: each row's history runs (sim.workload.sessions)
+    if (replay or closed) and trace is not None and trace.session is not None:
+        if w.prefix is not None:
+            raise ScenarioError(f"workload.prefix cannot be combined with the trace {w.trace.path}: its sessions "
+                                f"already say which prompts share prefixes")
+        from sim.workload.sessions import trace_sessions
+
+        sess_l, turn_l = trace.session[rows].tolist(), trace.turn[rows].tolist()
+        sessions = trace_sessions(sess_l, turn_l, prompt.tolist(), output.tolist())
     groups = None
     if w.prefix is not None:
         groups = rng(scenario.seed, PREFIX).integers(0, w.prefix.num_groups, size=n).tolist()
@@ -192,6 +163,11 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     for i, src in enumerate(order.tolist()):
         rid = f"r{i:0{width}d}"
         p = p_l[i]
+        if sessions is not None:
+            runs, out_key = sessions[src]
+            specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs, out_key,
+                                     session=sess_l[src], turn=turn_l[src]))
+            continue
         if trace_runs is not None:
             runs = trace_runs[src]
         elif groups is not None:

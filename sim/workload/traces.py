@@ -14,7 +14,9 @@ Three formats, each read into one :class:`Trace` (columns as numpy arrays) and f
   prompts agree token by token exactly where their ids agree, and the KV blocks they cover get
   equal prefix-cache hashes at any block size.
 - ``csv``: a plain CSV with header ``arrival_s,prompt_tokens,output_tokens`` and optionally
-  ``max_tokens`` (>= output_tokens; default output_tokens) and ``priority`` (default 0).
+  ``max_tokens`` (>= output_tokens; default output_tokens) and ``priority`` (default 0), and
+  ``session_id`` (any text) with ``turn`` (an integer >= 0): rows of one session replay as its
+  turns (:mod:`sim.workload.sessions`, docs/sessions.md).
 
 Rows are sorted by arrival (stable) and numbered ``r000000``, ``r000001``, ... in that order.
 ``window_s: [start, end)`` keeps the requests arriving in that span of the trace's own clock and
@@ -44,7 +46,7 @@ TRACE_FORMATS = ("azure", "mooncake", "csv")
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 CSV_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
-CSV_OPTIONAL = ("max_tokens", "priority")
+CSV_OPTIONAL = ("max_tokens", "priority", "session_id", "turn")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Trace:
     max_tokens: np.ndarray  # int64, >= output_tokens
     priority: np.ndarray  # int64
     prompt_runs: tuple | None = None  # per row: tuple of (key, length) runs, or None
+    session: np.ndarray | None = None  # csv with session_id and turn: int64 session (in order of appearance)
+    turn: np.ndarray | None = None  # ... and turn (0-based order within the session); None: no sessions
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -88,6 +92,8 @@ class Trace:
             max_tokens=self.max_tokens[keep],
             priority=self.priority[keep],
             prompt_runs=None if self.prompt_runs is None else self.prompt_runs[keep],
+            session=None if self.session is None else self.session[keep],
+            turn=None if self.turn is None else self.turn[keep],
         )
 
     def to_specs(self) -> list[RequestSpec]:
@@ -160,6 +166,10 @@ def _load_cached(resolved: str, size: int, mtime_ns: int, fmt: str, shown: str) 
     runs = cols.get("prompt_runs")
     if runs is not None:
         runs = tuple(runs[i] for i in order.tolist())
+    for key in ("session", "turn"):
+        if cols.get(key) is not None:
+            arrays[key] = np.asarray(cols[key], dtype=np.int64)[order]
+            arrays[key].setflags(write=False)
     return Trace(shown, fmt, prompt_runs=runs, **arrays)
 
 
@@ -317,10 +327,14 @@ def _short(value) -> str:
 
 
 def _read_csv(path: str) -> dict:
-    arrival, prompt, output, max_tokens, priority = [], [], [], [], []
+    arrival, prompt, output, max_tokens, priority, session, turn = [], [], [], [], [], [], []
+    sessions: dict[str, int] = {}  # session_id text -> session number, in order of appearance
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         cols = _header(path, reader, CSV_COLUMNS, CSV_OPTIONAL)
+        if ("session_id" in cols) != ("turn" in cols):
+            raise TraceError(f"{path}:1: sessions need both columns session_id and turn, got only "
+                             f"{'session_id' if 'session_id' in cols else 'turn'}")
         width = len(cols)
         for line, row in _rows(path, reader):
             if not row:
@@ -346,5 +360,14 @@ def _read_csv(path: str) -> dict:
             output.append(o)
             max_tokens.append(m)
             priority.append(pr)
-    return {"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "max_tokens": max_tokens,
-            "priority": priority}
+            if "session_id" in cols:
+                sid = row[cols["session_id"]].strip()
+                if not sid:
+                    raise TraceError(f"{path}:{line}: expected a session_id, got an empty field")
+                session.append(sessions.setdefault(sid, len(sessions)))
+                turn.append(_int(path, line, "turn", row[cols["turn"]], minimum=0))
+    out = {"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "max_tokens": max_tokens,
+           "priority": priority}
+    if "session_id" in cols:
+        out["session"], out["turn"] = session, turn
+    return out

@@ -46,6 +46,9 @@ class RequestRecord:
         "spec_accepted",
         "spec_rng",
         "shareable",
+        # KV tiers below the GPU (policies.kv.tiers): tokens loaded from them, seconds of copying
+        "tier_hit_tokens",
+        "kv_load_s",
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
@@ -70,6 +73,8 @@ class RequestRecord:
         self.spec_accepted = 0
         self.spec_rng = None
         self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
+        self.tier_hit_tokens = 0
+        self.kv_load_s = 0.0
 
     @property
     def generated(self) -> int:

@@ -171,7 +171,9 @@ class PagedKVManager:
                 yield h
 
         tiers = self.tiers.lookup(walk())
-        return hashes[:len(tiers)], tiers
+        del hashes[len(tiers):]
+        self.tiers.touch(hashes)
+        return hashes, tiers
 
     # --- allocation -------------------------------------------------------------------------
     def _blocks_to_allocate(self, st: _ReqKV, num_tokens: int, new_computed_blocks: list[int]) -> int:
@@ -263,6 +265,8 @@ class PagedKVManager:
             if self.tiers is not None:  # write-through to the CPU tier
                 for i in range(st.num_cached_blocks, top):
                     self.tiers.store(hashes[i])
+        if self.tiers is not None and num_full > max(top, st.num_cached_blocks):
+            self.tiers.store_own(num_full - max(top, st.num_cached_blocks))  # its own content: stored, never hit
         st.num_cached_blocks = num_full
 
     # --- freeing ----------------------------------------------------------------------------
@@ -357,6 +361,8 @@ class PagedKVManager:
                 st = reqs[r]
                 full = (r.num_computed_tokens + k) // B
                 if full > st.num_cached_blocks:
+                    if self.tiers is not None:  # the same stores as step by step: own blocks only
+                        self.tiers.store_own(full - st.num_cached_blocks)
                     st.num_cached_blocks = full
             caching = False
         events: list[tuple[int, int]] = []

@@ -91,6 +91,7 @@ class TierStore:
         self.written_blocks = [0] * n  # blocks written into each tier (stores and demotions)
         self.read_blocks = [0] * n  # blocks read out of each tier (loads)
         self.dropped_blocks = 0  # blocks that fell off the last tier
+        self._anon = 0  # keys of own blocks: -1, -2, ... (content hashes are positive)
 
     # --- contents ------------------------------------------------------------------------------
     def tier_of(self, h: int) -> int | None:
@@ -105,6 +106,13 @@ class TierStore:
         if h in self._where:
             return
         self._insert(0, h)
+
+    def store_own(self, n: int) -> None:
+        """``n`` blocks of content no other request holds (``Request.shareable_tokens``): written
+        through and taking room like any block, but never hit, so each is a fresh anonymous key."""
+        for _ in range(n):
+            self._anon -= 1
+            self._insert(0, self._anon)
 
     def _insert(self, t: int, h: int) -> None:
         lru = self._lru[t]
@@ -134,13 +142,23 @@ class TierStore:
             del found[len(found) - len(found) % self.chunk_blocks:]
         return found
 
+    def touch(self, hashes: Iterable[int]) -> None:
+        """Most recently used, in order (a lookup's hits: vLLM's ``manager.touch``)."""
+        where, lrus = self._where, self._lru
+        for h in hashes:
+            t = where.get(h)
+            if t is not None:
+                lrus[t].move_to_end(h)
+
     def load(self, hashes: list[int], tiers: list[int]) -> float:
         """Load these blocks to the GPU (each stays in its tier, most recently used): the
         seconds the copies take, tier by tier."""
         seconds = 0.0
         bb = self.block_bytes
         for h, t in zip(hashes, tiers):
-            self._lru[t].move_to_end(h)
+            lru = self._lru[t]
+            if h in lru:  # (the request's own stores may have pushed it down since the lookup:
+                lru.move_to_end(h)  # its copy was issued first, as vLLM pins blocks being loaded)
             self.hit_blocks[t] += 1
             self.read_blocks[t] += 1
             seconds += bb / self.tiers[t].read_bps

@@ -109,6 +109,12 @@ class VllmV1Policy(Policy):
             "fit the remaining budget waits",
             bool,
         ),
+        "kv_offload": Knob(
+            True,
+            "use the KV tiers of engine.kv_offloading_size (vLLM's KV offloading); false: this entry "
+            "keeps KV on the GPU only (compare both in one scenario)",
+            bool,
+        ),
     }
 
     @classmethod
@@ -143,7 +149,7 @@ class VllmV1Policy(Policy):
             enable_caching=bool(k["enable_prefix_caching"]),
             watermark=float(k["watermark"]),
         )
-        if limits.kv_offload is not None:  # KV offloading: --kv-offloading-size (policies.kv.tiers)
+        if limits.kv_offload is not None and k["kv_offload"]:  # KV offloading: --kv-offloading-size (policies.kv.tiers)
             if not self.kv.enable_caching:
                 raise ValueError("vllm-v1 KV offloading needs enable_prefix_caching on (blocks are found by hash)")
             self.kv.tiers = limits.kv_offload.store(limits.block_size)

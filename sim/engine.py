@@ -180,6 +180,9 @@ class Replica:
             start = env.now
             for req in plan.admitted:
                 records[req.id].mark_admitted(start)
+            if plan.prefix_hit_tokens:  # prefix-cache hits (any tier) of the requests admitted
+                for rid, n in plan.prefix_hit_tokens.items():
+                    records[rid].prefix_hit_tokens += n
             shape = fast_step_shape(plan)
             if plan.spec_tokens is not None:
                 shape.spec_tokens = sum(plan.spec_tokens)

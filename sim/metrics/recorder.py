@@ -55,9 +55,9 @@ REQUEST_COLUMNS = (
 # (zeros without speculation; not in REQUEST_COLUMNS, so results written before them still load)
 SPEC_REQUEST_COLUMNS = ("spec_steps", "spec_proposed", "spec_accepted")
 
-# KV tiers below the GPU, per request: tokens loaded from them instead of recomputed, and the
-# seconds their copies took (zeros without offloading; not in REQUEST_COLUMNS either)
-KV_REQUEST_COLUMNS = ("tier_hit_tokens", "kv_load_s")
+# prefix caching, per request: prompt tokens found cached at admission (any tier), those of them
+# loaded from tiers below the GPU instead of recomputed, and the seconds their copies took (zeros without offloading; not in REQUEST_COLUMNS either)
+KV_REQUEST_COLUMNS = ("prefix_hit_tokens", "tier_hit_tokens", "kv_load_s")
 
 TOKEN_TIMES_LIMIT = 20_000_000  # tokens (160 MB of times); beyond this, token_times_s stays out of memory
 
@@ -140,6 +140,8 @@ class Recorder:
         }
         for name in SPEC_REQUEST_COLUMNS:
             cols[name] = np.fromiter((getattr(r, name) for r in recs), dtype=np.int64, count=len(recs))
+        cols["prefix_hit_tokens"] = np.fromiter((r.prefix_hit_tokens for r in recs), dtype=np.int64,
+                                                count=len(recs))
         cols["tier_hit_tokens"] = np.fromiter((r.tier_hit_tokens for r in recs), dtype=np.int64, count=len(recs))
         cols["kv_load_s"] = np.fromiter((r.kv_load_s for r in recs), dtype=np.float64, count=len(recs))
         columns = list(REQUEST_COLUMNS)

@@ -49,6 +49,7 @@ class RequestRecord:
         # KV tiers below the GPU (policies.kv.tiers): tokens loaded from them, seconds of copying
         "tier_hit_tokens",
         "kv_load_s",
+        "prefix_hit_tokens",
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
@@ -75,6 +76,7 @@ class RequestRecord:
         self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
         self.tier_hit_tokens = 0
         self.kv_load_s = 0.0
+        self.prefix_hit_tokens = 0  # prompt tokens not computed at admission: GPU and tier hits
 
     @property
     def generated(self) -> int:

@@ -157,3 +157,53 @@ def test_the_fast_forward_stays_exact_with_tiers_on(backend, seed):
     pd.testing.assert_frame_equal(a[0].drop(columns="token_times_s"), b[0].drop(columns="token_times_s"),
                                   check_exact=True)
     assert a[0]["tier_hit_tokens"].sum() > 0  # the tiers were used
+
+
+def pd_scenario(router="prefix-affinity", **engine) -> dict:
+    """One session of two turns (S = 64, n0 = n1 = 50, o0 = 30) on 1P1D or colocated."""
+    scn = {"name": "pd-sessions", "model": "tiny", "hardware": {"gpu": "cpu"},
+           "latency": {"backend": "constant", "step_s": STEP},
+           "engine": {"num_gpu_blocks": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 4096,
+                      "max_model_len": 4096, "block_size": 16, **engine},
+           "workload": {"arrival": {"process": "poisson", "rate": 0.01},
+                        "sessions": {"count": 1, "turns": {"dist": "fixed", "value": 2}, "think_time_s": 2.0,
+                                     "new_tokens": {"dist": "fixed", "value": 50},
+                                     "output_tokens": {"dist": "fixed", "value": 30},
+                                     "system_prompt": {"num_groups": 1, "tokens": 64}}},
+           "policies": [{"name": "vllm-v1"}],
+           "disaggregation": {"prefill": {"replicas": 1, "policy": {"name": "vllm-v1"}},
+                              "decode": {"replicas": 1, "policy": {"name": "vllm-v1"}},
+                              "transfer": {"link": "per-decode", "bandwidth_gbps": 50, "latency_s": 0.001},
+                              "router": router}}
+    return scn
+
+
+def test_the_prefill_pool_prefix_cache_holds_prompts_not_answers():
+    """Turn 1's prompt (64 + 50 + 30 + 50 = 194 tokens) shares 144 tokens with turn 0. Colocated,
+    turn 0 computed its prompt and 29 answer tokens (143: 8 full blocks hit, 128 tokens). In P/D
+    the prefill pool computed turn 0's prompt only (114 tokens: 7 blocks, 112), the answer was
+    generated on the decode pool, so turn 1's prefill hits 112 tokens there."""
+    from sim.runner import run
+
+    res = run(pd_scenario())
+    req = res.requests
+    hits = {lb: req[(req["policy"] == lb) & (req["turn"] == 1)]["prefix_hit_tokens"].item() for lb in res.labels}
+    assert hits == {"vllm-v1": 128, "1P1D": 112}
+    assert res.summaries["1P1D"]["kv_tiers"] is None and res.summaries["1P1D"]["sessions"]["returning_turns"]["count"] == 1
+
+
+def test_the_prefill_pool_offloads_and_the_decode_pool_does_not():
+    from sim.runner import run
+    from sim.scenario.resolved import resolve
+    from sim.scenario.schema import load_scenario
+
+    scn = pd_scenario(kv_offloading_size=1.0)
+    per_block = resolve(load_scenario(scn)).limits.kv_offload.block_bytes
+    res = run(scn)
+    tiers = res.summaries["1P1D"]["kv_tiers"]["tiers"]["cpu"]
+    # written through by the prefill pool only: turn 0's 7 full prompt blocks, then turn 1's 12
+    # full blocks (192 of its 194 tokens) less the 7 already stored
+    assert tiers["bytes_written"] == 12 * per_block and tiers["blocks_held"] == 12
+    assert tiers["hit_tokens"] == 0  # the GPU cache still held the history: nothing to load
+    colocated = res.summaries["vllm-v1"]["kv_tiers"]["tiers"]["cpu"]
+    assert colocated["blocks_held"] == 8 + 12 - 8  # turn 0's prompt and answer (143 tokens), then turn 1

@@ -98,6 +98,10 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     if scn.engine.kv_offloading_size is not None and entry.name != "vllm-v1":
         raise CbsimError(f"engine.kv_offloading_size: KV offloading is modelled for vllm-v1 only, not "
                          f"{entry.name!r}; drop that policy entry or unset engine.kv_offloading_size")
+    if (scn.engine.kv_offloading_size is not None and knobs.get("kv_offload", True)
+            and knobs.get("enable_prefix_caching") is False):
+        raise CbsimError(f"policy {entry.label or entry.name!r}: KV offloading finds blocks by their prefix hash, so it "
+                         f"needs enable_prefix_caching on; set kv_offload: false on that entry or turn caching on")
     speculation = speculation_for(dep, entry)  # policies[].speculative: drafts scheduled, drafter priced
     if speculation is not None:
         limits = speculation.limits(limits, dep)  # the drafter's weights and KV share the GPU

@@ -209,3 +209,37 @@ def test_the_prefill_pool_offloads_and_the_decode_pool_does_not():
     # colocated, answers are computed where prompts are: turn 0's 143 tokens (8 blocks), then turn 1's
     # 194 + 29 = 223 (13 blocks, 8 already stored)
     assert colocated["blocks_held"] == 13
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"kv_tiers": [{"name": "disk", "capacity_gib": 10, "read_gbps": 6, "write_gbps": 3}]},
+     "engine.kv_tiers: needs engine.kv_offloading_size"),
+    ({"kv_offloading_size": 1e-9}, "engine.kv_offloading_size: 1e-09 GiB holds no KV block"),
+    ({"kv_offloading_size": 1.0, "kv_offloading_backend": "hicache"}, "engine.kv_offloading_backend: expected one of"),
+])
+def test_bad_tier_keys_are_one_line_errors(change, message):
+    from sim.errors import CbsimError
+    from sim.runner import run
+
+    scn = pd_scenario(**change)
+    scn.pop("disaggregation")
+    with pytest.raises(CbsimError, match=message.replace("(", r"\(")):
+        run(scn)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"name": "sglang"}, "KV offloading is modelled for vllm-v1 only"),
+    ({"name": "vllm-v1", "enable_prefix_caching": False}, "needs enable_prefix_caching on"),
+])
+def test_offloading_refuses_policies_it_cannot_serve(entry, message):
+    from sim.errors import CbsimError
+    from sim.runner import run
+
+    scn = pd_scenario(kv_offloading_size=1.0)
+    scn.pop("disaggregation")
+    scn["policies"] = [entry]
+    with pytest.raises(CbsimError, match=message):
+        run(scn)
+    scn["policies"] = [{**entry, "kv_offload": False}] if entry["name"] == "vllm-v1" else scn["policies"]
+    if entry["name"] == "vllm-v1":  # the entry that opts out runs
+        assert run(scn).summaries["vllm-v1"]["kv_tiers"] is None

@@ -3,9 +3,9 @@
 What a closed-loop benchmark does (``vllm bench serve --max-concurrency``: a semaphore of N
 around the request coroutines, ``vllm/benchmarks/serve.py``; aiperf and genai-perf
 ``--concurrency``): N clients, each with one request in flight; when a response ends (its last
-token, or an error: a 429 or a rejection frees the client just the same) the client waits its
-think time and sends the next request of the workload, in the workload's order. The draws made
-before the run (first sends, think times) are :mod:`sim.workload.closed_loop`'s.
+token, or an error: a 429 or a rejection frees the client just the same) the client takes the
+next request of the workload (in the workload's order) and sends it after its think time. The
+draws made before the run (first sends, think times) are :mod:`sim.workload.closed_loop`'s.
 
 Here a request's end is reported by the replica that ended it (``Replica.on_end`` ->
 :meth:`Clients.freed`, at that moment of simulated time); the next send is a SimPy timeout of the
@@ -16,7 +16,8 @@ send time and client and handed to the router.
 Fast-forward stays exact. A replica's decode stretch must end strictly before anything outside
 it can happen (``sim.engine``). With open-loop arrivals that is the next arrival; here an arrival
 can also be caused by an end on *another* replica. Ends happen only at the end of a step (or of a
-stretch) or when a replica schedules after a wake-up by an arrival, so no send can happen before
+stretch) or when a replica schedules after a wake-up by an arrival (or, disaggregated, by a KV
+transfer landing: a decode instance's own clock already stops before those), so no send can happen before
 the earliest of: a send already scheduled (``pending``), and, while requests are left to send,
 each other replica's current step end (``busy_until``) plus the smallest think time. That is
 :meth:`Clients.bound`, which :class:`ClientClock` adds to what the replica's own clock says.

@@ -89,7 +89,8 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, index: int, policy: Policy, latency: LatencyModel,
                  recorder: Recorder, max_model_len: int, on_progress: Callable[[int], None] | None = None,
-                 simulation: Simulation | None = None, fast_forward: bool = False, acceptance=None):
+                 simulation: Simulation | None = None, fast_forward: bool = False, acceptance=None,
+                 start: bool = True):
         self.env = env
         self.acceptance = acceptance  # draws accepted drafts (sim.speculative.acceptance); None: no speculation
         self.index = index
@@ -115,7 +116,9 @@ class Replica:
         # fast-forward by its prefill instances' next step ends (nothing else reads it)
         self.busy_until = -math.inf
         self.on_end: Callable[[RequestRecord], None] | None = None  # closed loop: frees the client (sim.clients)
-        self.process = env.process(self.loop())
+        self.group = None  # a sim.lockstep.LockstepGroup runs this replica's steps instead of loop()
+        self.recompute = RecomputeTracker()
+        self.process = env.process(self.loop()) if start else None
 
     def submit(self, rec: RequestRecord) -> None:
         req = rec.open(self.submitted, self.max_model_len, self.index, self.steps)
@@ -126,7 +129,9 @@ class Replica:
         self._kick()
 
     def _kick(self) -> None:
-        if not self.wake.triggered:
+        if self.group is not None:
+            self.group.kick()
+        elif not self.wake.triggered:
             self.wake.succeed()
 
     def _end(self, rec: RequestRecord, state: str, reason: str = "") -> None:
@@ -224,6 +229,58 @@ class Replica:
             self._end(records[req.id], "finished")
         steps.append(now, start, dt, policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed,
                      proposed, accepted)
+
+    # --- one step in two halves, for a lockstep group (sim.lockstep) --------------------------
+    def plan_step(self, start: float):
+        """(the step to run or None, whether to schedule again at once): the first half of
+        :meth:`loop`'s step, for a :class:`sim.lockstep.LockstepGroup`."""
+        policy, records = self.policy, self.records
+        if not policy.has_work():
+            return None, False
+        plan = policy.schedule()
+        for req in plan.rejected:
+            self._end(records[req.id], "rejected", req.reject_reason or "rejected by the policy")
+        if plan.is_empty:
+            if plan.rejected or plan.preempted:
+                return None, True
+            if self.arrivals_done:
+                for req in policy.drain():
+                    self._end(records[req.id], "unfinished", "stuck: the policy cannot schedule it")
+            return None, False
+        for req in plan.admitted:
+            records[req.id].mark_admitted(start)
+        if plan.prefix_hit_tokens:
+            for rid, n in plan.prefix_hit_tokens.items():
+                records[rid].prefix_hit_tokens += n
+        shape = fast_step_shape(plan)
+        if plan.spec_tokens is not None:
+            shape.spec_tokens = sum(plan.spec_tokens)
+        latency = self.latency
+        dt, flops, bytes_ = latency.price(shape, plan)
+        recomputed = 0
+        if shape.prefill_tokens or plan.preempted:
+            recomputed, pairs = self.recompute.observe(plan)
+            if recomputed:
+                flops -= latency.recompute_flops(recomputed, pairs)
+        swap_s = 0.0
+        if plan.swap_out_blocks or plan.swap_in_blocks:
+            swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
+            dt += swap_s
+        if plan.kv_loads:
+            dt = kv_load_step(plan, records, dt)
+        return (dt, plan, shape, flops, bytes_, swap_s, recomputed), False
+
+    def finish_planned(self, item, start: float, now: float, dt: float) -> None:
+        """The second half: the step ended at ``now`` after the group's ``dt``."""
+        _own, plan, shape, flops, bytes_, swap_s, recomputed = item
+        if plan.spec_tokens is not None:
+            self._verified_step(plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed)
+            return
+        finished = emit_step_tokens(plan.scheduled, self.records, len(self.steps), now)
+        self.policy.finish_step(plan, finished)
+        for req in finished:
+            self._end(self.records[req.id], "finished")
+        self.steps.append(now, start, dt, self.policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed)
 
     # --- fast-forward ---------------------------------------------------------------------------
     def _prepare_stretch(self, batch: list[Request], context: int):
@@ -441,11 +498,13 @@ class Simulation:
                  on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
                  horizon_reason: str = HORIZON_REACHED, clients: SendPlan | ClosedLoop | None = None,
                  drain_s: float | None = None, cap_reason: Callable[[float], str] | None = None,
-                 acceptance=None):
+                 acceptance=None, lockstep: int = 1):
         """``clients``: closed-loop clients and sessions send the specs during the run instead of
         at their arrival times (:mod:`sim.clients`); without ``horizon_s`` time then stops ``drain_s``
         after the last send at the latest (the requests left get ``cap_reason(cap)``). ``acceptance``:
-        the draws of accepted draft tokens when the policies speculate (:mod:`sim.speculative.acceptance`)."""
+        the draws of accepted draft tokens when the policies speculate (:mod:`sim.speculative.acceptance`).
+        ``lockstep`` > 1: consecutive groups of that many replicas are the data-parallel ranks of
+        one MoE engine, stepping together (:mod:`sim.lockstep`)."""
         self.env = simpy.Environment()
         self.specs = specs
         self.recorder = Recorder()
@@ -471,9 +530,14 @@ class Simulation:
             clocks = [self] * len(replicas)
         self.replicas = [
             Replica(self.env, i, pol, lat, self.recorder, max_model_len, on_progress, clocks[i], fast_forward,
-                    acceptance)
+                    acceptance, start=lockstep <= 1)
             for i, (pol, lat) in enumerate(replicas)
         ]
+        if lockstep > 1:
+            from sim.lockstep import LockstepGroup
+
+            self.groups = [LockstepGroup(self.env, self.replicas[i:i + lockstep])
+                           for i in range(0, len(self.replicas), lockstep)]
         if self.clients is not None:
             for rep in self.replicas:
                 rep.on_end = self.clients.freed

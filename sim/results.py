@@ -192,6 +192,9 @@ def _read_frame(path: Path, columns: dict[str, bool], rerun: str) -> pd.DataFram
     except (pyarrow.ArrowException, OSError, ValueError) as exc:  # a truncated or foreign file
         reason = str(exc).split(". ")[0].split(": ")[-1][:120] or type(exc).__name__
         raise CbsimError(f"{path} is unreadable ({reason}); {rerun}") from None
+    for c in LATER_REQUEST_COLUMNS:  # a results folder written before these columns existed: none of them
+        if c in columns and c not in frame.columns:
+            frame[c] = -1
     absent = [c for c in columns if c not in frame.columns]
     if absent:
         raise CbsimError(f"{path} lacks the column(s) {', '.join(absent[:5])}; it was not written by this "
@@ -200,6 +203,9 @@ def _read_frame(path: Path, columns: dict[str, bool], rerun: str) -> pd.DataFram
     if wrong:
         raise CbsimError(f"{path}: column(s) {', '.join(wrong[:5])} are not numbers; {rerun}")
     return frame
+
+
+LATER_REQUEST_COLUMNS = ("client", "session", "turn")  # -1: an open-loop request outside sessions
 
 
 def _request_columns() -> dict[str, bool]:

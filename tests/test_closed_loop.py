@@ -128,7 +128,8 @@ def test_the_time_cap_stops_a_loop_that_never_drains(monkeypatch):
     assert req["state"].tolist() == ["unfinished"] * 5
     assert s["stopped"] == "time cap" and s["end_s"] == 3.0
     assert s["backlog"] == {"queued": 0, "running": 1, "not_arrived": 4}
-    assert req["arrival_s"].isna().sum() == 4 and req["generated"].iloc[0] == 11  # the step ending at 3.0 is cut, as a horizon cuts it
+    # the step ending at 3.0 is cut, as a horizon cuts it
+    assert req["arrival_s"].isna().sum() == 4 and req["generated"].iloc[0] == 11
     assert req["reason"].iloc[0].startswith("simulated-time cap of 3 s")
     # two clients of 2-second requests: every send moves the cap, the run drains
     res = run(scenario(2, n=8, output=8))
@@ -256,3 +257,26 @@ def test_plan_counts_replicas_for_a_target_concurrency():
     assert plan(scn, None, target_concurrency=30)["vllm-v1"].replicas == 4
     with pytest.raises(CbsimError, match="--target-concurrency"):
         plan(scn, 5.0)
+
+
+def test_an_slo_met_at_any_concurrency_is_said_so():
+    from sim.errors import CbsimError
+    from sim.planning.capacity import capacity
+
+    scn = scenario(3, n=100, output=8, slo={"tpot_s": 1.0})  # TPOT levels off: more clients only queue
+    scn["engine"]["max_num_seqs"] = 2
+    with pytest.raises(CbsimError, match="met at every concurrency up to 16 clients"):
+        capacity(scn)
+
+
+def test_results_written_before_the_client_columns_still_load(tmp_path):
+    from sim.results import RunResult
+
+    res = run(scenario(2, n=6))
+    folder = tmp_path / "old"
+    res.save(folder)
+    frame = pd.read_parquet(folder / "requests.parquet")
+    assert frame["client"].tolist() == [0, 1] * 3 and (frame["session"] == -1).all()
+    frame.drop(columns=["client", "session", "turn"]).to_parquet(folder / "requests.parquet")
+    back = RunResult.load(folder).requests
+    assert (back[["client", "session", "turn"]] == -1).all().all()

@@ -184,6 +184,9 @@ CLOSED_CASES = {
                                "router": "least-outstanding"}),
     "closed-replicas-least-kv": (lambda: workload(28, n=200), TIGHT,
                                  {"clients": clients(20, 200), "replicas": 2, "router": "least-kv"}),
+    "closed-replicas-prefix-affinity": (lambda: workload(32, n=200, groups=4, prefix_len=150), LIMITS,
+                                        {"clients": clients(24, 200, think="exp", seed=3), "replicas": 2,
+                                         "router": "prefix-affinity", "enable_prefix_caching": True}),
     "closed-horizon": (lambda: workload(29, n=200), LIMITS, {"clients": clients(16, 200), "horizon_s": 2.5}),
     # the moving time cap: each send moves it, it stops the run after a send that did not come
     "closed-cap": (lambda: workload(30, n=200), LIMITS, {"clients": clients(2, 200, think=0.1), "drain_s": 0.6}),

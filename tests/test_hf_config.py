@@ -94,7 +94,9 @@ def test_fp8_checkpoints_and_kv_cache():
 
 
 @pytest.mark.parametrize("edit,message", [
-    ({"architectures": ["DeepseekV3ForCausalLM"]}, "architectures 'DeepseekV3ForCausalLM' is not one cbsim can price"),
+    ({"architectures": ["DeepseekV32ForCausalLM"]},
+     "architectures 'DeepseekV32ForCausalLM' is not one cbsim can price: DeepSeek sparse attention"),
+    ({"architectures": ["FalconForCausalLM"]}, "architectures 'FalconForCausalLM' is not one cbsim can price"),
     ({"architectures": None}, "field 'architectures' must be a list"),
     ({"num_hidden_layers": None}, "field 'num_hidden_layers' is missing"),
     ({"hidden_size": "4096"}, "field 'hidden_size' must be an integer"),
@@ -121,8 +123,8 @@ def test_unsupported_moe_layouts_and_files(tmp_path):
         from_hf_config(tmp_path / "bad.json")
     with pytest.raises(CbsimError, match="does not exist"):
         from_hf_config(tmp_path / "missing.json")
-    with pytest.raises(CbsimError, match="architectures 'DeepseekV3ForCausalLM'"):
-        from_hf_config(cfg("deepseek-v3-unsupported"))
+    with pytest.raises(CbsimError, match="architectures 'DeepseekV32ForCausalLM'"):
+        from_hf_config(cfg("deepseek-v3.2-unsupported"))
 
 
 def test_scenario_takes_an_hf_config_beside_it(tmp_path):
@@ -132,8 +134,8 @@ def test_scenario_takes_an_hf_config_beside_it(tmp_path):
     scn = load_scenario(tmp_path / "s.yaml")
     assert get_model(scn.model).num_experts == 8
     assert Path(scn.to_dict()["model"]["hf_config"]).is_absolute()  # the saved scenario re-runs anywhere
-    with pytest.raises(ScenarioError, match="model: .*architectures 'DeepseekV3ForCausalLM'"):
-        load_scenario({"model": {"hf_config": str(cfg("deepseek-v3-unsupported"))}})
+    with pytest.raises(ScenarioError, match="model: .*architectures 'DeepseekV32ForCausalLM'"):
+        load_scenario({"model": {"hf_config": str(cfg("deepseek-v3.2-unsupported"))}})
     with pytest.raises(CbsimError, match="only name, quantization, kv_cache_dtype"):
         get_model({"hf_config": str(cfg("mixtral-8x7b")), "num_layers": 3})
 
@@ -144,6 +146,7 @@ def test_org_name_resolves_from_the_hf_cache_only(tmp_path, monkeypatch):
     shutil.copy(cfg("qwen3-30b-a3b"), snap / "config.json")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(model_sources, "aiconfigurator_configs_dir", lambda: None)
+    monkeypatch.setattr(model_sources, "SHIPPED_DIR", tmp_path / "no-shipped-copies")
     spec = get_model("acme/Tiny-MoE")
     assert spec.name == "acme/Tiny-MoE" and spec.num_experts == 128
     assert [s.name for s in model_sources.available_models()] == ["acme/Tiny-MoE"]

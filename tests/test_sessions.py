@@ -187,3 +187,13 @@ def test_capacity_of_closed_loop_sessions_is_max_num_seqs():
     scn["engine"]["max_num_seqs"] = 8
     res = capacity(scn)["vllm-v1"]
     assert (res.concurrency, res.violating_concurrency) == (8, 9)
+
+
+def test_a_saved_sessions_scenario_loads_back_to_itself():
+    import yaml
+
+    for arrival in ({"process": "poisson", "rate": 2.0}, {"process": "closed", "concurrency": 3, "ramp_s": 1.0}):
+        scn = load_scenario(scenario(count=4, arrival=arrival))
+        again = load_scenario(yaml.safe_load(scn.to_yaml()))
+        assert again.to_yaml() == scn.to_yaml()
+        assert repr(build_workload(again)) == repr(build_workload(scn))

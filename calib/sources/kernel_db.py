@@ -245,26 +245,22 @@ class KernelDb:
         # AIConfigurator logs a warning per low-fidelity fallback table it *could* use (MLA, DSA)
         # even for models that never touch them; keep the console to our own lines.
         logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-        kwargs = {"gemm_quant_mode": "fp8" if dtype == "fp8" else "bfloat16",
-                  "kvcache_quant_mode": "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"}
-        if getattr(model.spec, "num_experts", 0):
-            # vLLM without expert parallelism shards every expert over the TP ranks
-            kwargs.update(moe_quant_mode="fp8" if dtype == "fp8" else "bfloat16", moe_tp_size=tp, moe_ep_size=1)
+        kwargs = self.compile_kwargs()
         try:
             self.handle = EngineHandle.compile(self._dir.name, self.system, engine,
-                                               backend_version=self.engine_version, tp_size=tp, **kwargs)
+                                               backend_version=self.engine_version, **kwargs)
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CbsimError(f"{PACKAGE} cannot model {model.spec.name!r} on {self.system} in {engine} "
                              f"{self.engine_version} at tp {tp}: {exc}") from None
         ctx_ops, _ = self.handle.run_static_per_op(batch_size=1, isl=16, osl=2)
         self.context_ops = [name for name, *_ in ctx_ops]
         idx = {name: i for i, name in enumerate(self.context_ops)}
-        self._attn = [i for n, i in idx.items() if _is_attention(n)]
+        self._attn = [i for n, i in idx.items() if self.is_attention_op(n)]
         self._linear = [i for n, i in idx.items() if i not in self._attn and "logits" not in n]
         # the LM head from the generation list: AIConfigurator's MoE models leave it out of their
         # context list (a per-sequence GEMM, the same kernel either way)
         gen_ops = [name for name, *_ in self.handle.decode_step_per_op(gen_tokens=1, isl=16, osl=2)]
-        self._gen_attn = [i for i, n in enumerate(gen_ops) if _is_attention(n)]
+        self._gen_attn = [i for i, n in enumerate(gen_ops) if self.is_attention_op(n)]
         self._per_seq = [i for i, n in enumerate(gen_ops) if "logits" in n]
         if not self._attn or not self._per_seq or not self._gen_attn:
             raise CbsimError(f"{PACKAGE}'s operator list for {model.spec.name!r} has no attention or LM head "
@@ -272,6 +268,22 @@ class KernelDb:
         self.gpu_spec = self._system_yaml()["gpu"]
         self.attention_kernel = self._generation_kernel()
         self._prefill_ref_s: float | None = None
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """AIConfigurator's compile arguments: the TP degree and quantization modes (an MoE's experts
+        sharded over the TP ranks, as vLLM runs them without expert parallelism).
+        :mod:`calib.sources.kernel_db_moe` overrides this for expert- and data-parallel layouts."""
+        fp8 = self.dtype == "fp8"
+        kwargs = {"tp_size": self.tp, "gemm_quant_mode": "fp8" if fp8 else "bfloat16",
+                  "kvcache_quant_mode": "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"}
+        if getattr(self.model.spec, "num_experts", 0):
+            kwargs.update(moe_quant_mode="fp8" if fp8 else "bfloat16", moe_tp_size=self.tp, moe_ep_size=1)
+        return kwargs
+
+    @staticmethod
+    def is_attention_op(name: str) -> bool:
+        """Whether an AIConfigurator operator is attention (priced per chunk and context)."""
+        return _is_attention(name)
 
     def _check_shape(self) -> None:
         """The config AIConfigurator parsed must be the model cbsim prices (same shapes)."""

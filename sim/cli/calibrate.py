@@ -54,6 +54,12 @@ def calibrate_cmd(
     engine_version: str = typer.Option(None, "--engine-version",
                                        help="with --from-kernel-db: the engine version's measurements (default: "
                                             "the database's current one, e.g. vllm 0.24.0)"),
+    data_parallel: int = typer.Option(1, "--data-parallel", help="with --from-kernel-db: data-parallel attention "
+                                      "ranks of an MoE model, stepping together for the experts (the scenario's "
+                                      "hardware.data_parallel)"),
+    expert_parallel: bool = typer.Option(False, "--expert-parallel", help="with --from-kernel-db: experts split "
+                                         "over tp × data-parallel GPUs, dispatch and combine priced from the "
+                                         "engine's communication rows (hardware.expert_parallel)"),
     device: str = typer.Option("cpu", "--device", help="with --model: cpu or cuda"),
     tp: int = typer.Option(1, "--tp", help="tensor-parallel degree (with --model one shard is timed, without "
                                            "all-reduces; with --from-llmservingsim the bundle's tp<N>/)"),
@@ -114,8 +120,12 @@ def calibrate_cmd(
         calibrate_from_kernel_db(out, model=model, gpu=gpu, tp=tp, dtype=dtype, engine=engine,
                                  engine_version=engine_version, block_size=block_size,
                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                 max_num_seqs=max_num_seqs)
+                                 max_num_seqs=max_num_seqs, data_parallel=data_parallel,
+                                 expert_parallel=expert_parallel)
         return
+    if data_parallel != 1 or expert_parallel:
+        raise CbsimError("--data-parallel and --expert-parallel go with --from-kernel-db (the layout the kernel "
+                         "database composes)")
     if from_steplog is not None and model is not None:
         raise CbsimError("give one source of measurements: --from-steplog FILE or --model ID --device cpu|cuda, "
                          "not both")
@@ -207,9 +217,11 @@ def calibrate_on_device(out: Path, *, model: str, device: str, tp: int, dtype: s
 
 def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, tp: int, dtype: str | None, engine: str,
                              engine_version: str | None, block_size: int, max_num_batched_tokens: int | None,
-                             max_model_len: int | None, max_num_seqs: int | None) -> None:
+                             max_model_len: int | None, max_num_seqs: int | None, data_parallel: int = 1,
+                             expert_parallel: bool = False) -> None:
     from rich.console import Console
 
+    from calib.sources import kernel_db_moe
     from calib.sources.kernel_db import build_table
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
@@ -219,13 +231,22 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                          "--model llama-3-8b")
     limits = {k: v for k, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len),
                                 ("max_num_seqs", max_num_seqs)) if v is not None}
-    comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
-                       block_size=block_size, **limits)
+    layout = kernel_db_moe.Layout(tp, data_parallel, expert_parallel)
+    if kernel_db_moe.takes(model, layout):  # MLA, 4-bit experts, expert or data parallelism
+        comp = kernel_db_moe.build_table(model, gpu, layout, dtype=dtype, engine=engine,
+                                         engine_version=engine_version, block_size=block_size, **limits)
+    else:
+        comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
+                           block_size=block_size, **limits)
     write_table(out, comp.table)
     meta, t = comp.table.metadata, comp.table
     prov, err = meta["provenance"], meta["heldout_error"]
     console = Console()
-    console.print(f"{meta['model']['name']} on {meta['device']} (tp {meta['tensor_parallel']}, {meta['dtype']}): "
+    par = meta.get("parallel") or {}
+    layout_words = (f", data_parallel {par['data_parallel']}, expert_parallel {par['expert_parallel']}"
+                    if par else "")
+    console.print(f"{meta['model']['name']} on {meta['device']} (tp {meta['tensor_parallel']}{layout_words}, "
+                  f"{meta['dtype']}): "
                   f"kernels measured in {prov['engine']} {prov['engine_version']} by {prov['package']} "
                   f"{prov['package_version']}", highlight=False, markup=False)
     lin = t.components["linear"]
@@ -250,7 +271,11 @@ def calibrate_from_llmservingsim(bundle: Path, out: Path, *, tp: int, model: str
     axis = list(lin.axes[0])
     ref = 1024 if 1024 in axis else int(axis[-1])
     console = Console()
-    console.print(f"{meta['model']['name']} on {meta['device']} (tp {meta['tensor_parallel']}, {meta['dtype']}): "
+    par = meta.get("parallel") or {}
+    layout_words = (f", data_parallel {par['data_parallel']}, expert_parallel {par['expert_parallel']}"
+                    if par else "")
+    console.print(f"{meta['model']['name']} on {meta['device']} (tp {meta['tensor_parallel']}{layout_words}, "
+                  f"{meta['dtype']}): "
                   f"per-layer kernels measured in vLLM {meta['engine']['version']} (LLMServingSim bundle)",
                   highlight=False, markup=False)
     console.print(f"linear({ref} tokens) {float(lin.values[axis.index(ref)]) * 1e3:.3f} ms, decode skew alpha "

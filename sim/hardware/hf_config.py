@@ -13,12 +13,15 @@ experts); anything else is one error naming the field, never a silently wrong mo
 | ``MixtralForCausalLM`` | ``num_local_experts``, ``num_experts_per_tok``; an expert is ``intermediate_size`` wide |
 | ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM`` | ``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``, ``shared_expert_intermediate_size`` |
 | ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM`` (and the text part of ``Gemma3ForConditionalGeneration``) | ``head_dim``, ``sliding_window`` on alternating (Gemma 2) or 5-of-6 (Gemma 3) layers, or ``layer_types`` |
+| ``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM`` (DeepSeek-V2/V3/R1, Kimi-K2), the text part of ``KimiK25ForConditionalGeneration`` | MLA: ``kv_lora_rank``, ``q_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``n_routed_experts``, ``n_shared_experts``, ``moe_intermediate_size``, ``first_k_dense_replace``, ``moe_layer_freq`` (1 only), ``n_group``/``topk_group``, ``num_nextn_predict_layers`` (recorded, not loaded) |
+| ``GptOssForCausalLM`` (gpt-oss-20b, -120b) | ``num_local_experts``, ``num_experts_per_tok``, an expert is ``intermediate_size`` wide, ``layer_types`` (alternating sliding/full), attention sinks, MXFP4 experts |
 
 Common fields: ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
 ``num_key_value_heads`` (absent: no grouping), ``head_dim`` (absent or null:
 ``hidden_size / num_attention_heads``), ``intermediate_size``, ``vocab_size``,
 ``tie_word_embeddings`` (absent: the family's own default, as ``transformers`` has it),
-``torch_dtype`` (or ``dtype``), ``quantization_config`` (FP8 only).
+``torch_dtype`` (or ``dtype``), ``quantization_config`` (FP8; for the routed experts only, gpt-oss's
+MXFP4 and Kimi-K2.5's compressed-tensors INT4).
 
 Rules that follow what vLLM serves (``--dtype auto``): a ``float32`` checkpoint is served in bf16
 (vLLM never runs a float32 checkpoint in float32 by default); a ``quantization_config`` of FP8
@@ -38,11 +41,43 @@ from sim.errors import CbsimError
 DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
-SUPPORTED = DENSE + MOE + GEMMA
+MLA = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration")
+GPT_OSS = ("GptOssForCausalLM",)
+SUPPORTED = DENSE + MOE + GEMMA + MLA + GPT_OSS
+# multimodal wrappers whose language model is their ``text_config`` (the vision tower is left out)
+_TEXT_CONFIG = ("Gemma3ForConditionalGeneration", "KimiK25ForConditionalGeneration")
+
+# Architectures cbsim leaves out, and why (``cbsim models --all`` prints these reasons)
+UNSUPPORTED = {
+    "DeepseekV32ForCausalLM": "DeepSeek sparse attention (a lightning indexer picks 2048 keys per query) is "
+                              "not modelled",
+    "DeepseekV4ForCausalLM": "DeepSeek-V4's compressed and sparse attention layers are not modelled",
+    "GlmMoeDsaForCausalLM": "DeepSeek sparse attention (indexer-selected keys) is not modelled",
+    "KimiK3ForConditionalGeneration": "Kimi-K3's attention layout is not modelled",
+    "NemotronHForCausalLM": "hybrid Mamba-2 / attention layers (a recurrent state, not a KV cache) are not "
+                            "modelled",
+    "Qwen3_5ForConditionalGeneration": "hybrid Gated DeltaNet linear-attention layers are not modelled",
+    "Qwen3_5MoeForConditionalGeneration": "hybrid Gated DeltaNet linear-attention layers are not modelled",
+    "Qwen3VLForConditionalGeneration": "the vision encoder and its image tokens are not modelled",
+    "Qwen3VLMoeForConditionalGeneration": "the vision encoder and its image tokens are not modelled",
+    "Llama4ForConditionalGeneration": "chunked local attention and MoE on alternating layers are not modelled",
+    "Gemma4ForConditionalGeneration": "Gemma 4's per-layer attention shapes are not modelled",
+    "MiniMaxM2ForCausalLM": "MiniMax-M2's per-layer q/k norms and partial rotary are not checked against its "
+                            "kernels; not modelled",
+    "MiniMaxM3ForCausalLM": "MiniMax-M3's hybrid attention is not modelled",
+    "MiniMaxM3SparseForConditionalGeneration": "sparse attention and a vision encoder are not modelled",
+    "MiMoForCausalLM": "MiMo's config (a Qwen2-style decoder with its own MTP-layer fields) is not read yet",
+    "MiMoV2FlashForCausalLM": "hybrid sliding-window attention with attention sinks on an MoE of its own "
+                              "layout is not modelled",
+    "Step3p7FlashForCausalLM": "Step-3.7's attention layout is not modelled",
+    "DeciLMForCausalLM": "Nemotron-NAS layers differ one by one (skipped attention, varying MLP widths); "
+                         "not modelled",
+}
 
 # transformers' per-family default of tie_word_embeddings when a config leaves it out
-# (LlamaConfig, MistralConfig, MixtralConfig, Qwen2/3(Moe)Config: False; Gemma2/3Config: True)
-_TIED_DEFAULT = {**{a: False for a in DENSE + MOE}, **{a: True for a in GEMMA}}
+# (LlamaConfig, MistralConfig, MixtralConfig, Qwen2/3(Moe)Config, DeepseekV3Config, GptOssConfig:
+# False; Gemma2/3Config: True)
+_TIED_DEFAULT = {**{a: False for a in DENSE + MOE + MLA + GPT_OSS}, **{a: True for a in GEMMA}}
 
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", "float": "bf16"}
 
@@ -93,11 +128,13 @@ def spec_fields(config: dict[str, Any], name: str, where: str = "config.json") -
     architecture cbsim cannot price or a field that is missing or malformed.
     """
     arch = _architecture(config, where)
-    text = config.get("text_config") if arch == "Gemma3ForConditionalGeneration" else config
+    text = config.get("text_config") if arch in _TEXT_CONFIG else config
     if not isinstance(text, dict):
         raise CbsimError(f"{where}: field 'text_config' must be a mapping for {arch}")
     # Gemma 3's multimodal config keeps the language model's dtype and quantization at the top level
     merged = {**config, **text} if text is not config else config
+    if arch in MLA or arch in GPT_OSS:
+        return _mla_or_gpt_oss_fields(arch, merged, name, where)
     get = _Reader(merged, where)
     layers = get.int("num_hidden_layers")
     hidden = get.int("hidden_size")
@@ -132,6 +169,9 @@ def _architecture(config: dict[str, Any], where: str) -> str:
         raise CbsimError(f"{where}: field 'architectures' must be a list of class names (e.g. "
                          f"[\"LlamaForCausalLM\"]), got {archs!r}")
     arch = archs[0]
+    if arch in UNSUPPORTED:
+        raise CbsimError(f"{where}: architectures {arch!r} is not one cbsim can price: {UNSUPPORTED[arch]}; "
+                         f"supported: {', '.join(SUPPORTED)}")
     if arch not in SUPPORTED:
         raise CbsimError(f"{where}: architectures {arch!r} is not one cbsim can price; supported: "
                          f"{', '.join(SUPPORTED)}. For another decoder, give an inline model spec "
@@ -166,6 +206,88 @@ def _quantization(config: dict[str, Any], where: str) -> str | None:
     raise CbsimError(f"{where}: quantization_config.quant_method {q.get('quant_method')!r} is not one cbsim "
                      f"prices (FP8 only: quant_method fp8, or compressed-tensors / modelopt with 8-bit float "
                      f"weights); remove quantization_config to price the model unquantized")
+
+
+def _expert_quantization(arch: str, config: dict[str, Any], where: str) -> tuple[str | None, str | None]:
+    """(quantization, expert_quantization) of an MLA or gpt-oss checkpoint.
+
+    FP8 (DeepSeek-V3/R1, Kimi-K2: ``quant_method: fp8``, 128 × 128 weight blocks) covers every
+    decoder linear layer; gpt-oss's MXFP4 (``quant_method: mxfp4``, ``modules_to_not_convert``
+    naming attention, router, embeddings and LM head) and Kimi-K2.5's compressed-tensors INT4
+    (4-bit int weights in groups of 32, ``ignore`` naming attention, shared experts, the dense MLPs
+    and LM head) cover the routed experts only."""
+    q = config.get("quantization_config")
+    if isinstance(q, dict):
+        method = str(q.get("quant_method") or "").lower()
+        if method == "mxfp4":
+            return None, "mxfp4"
+        if method == "compressed-tensors" and _compressed_tensors_int4_experts(q):
+            return None, "int4"
+    return _quantization(config, where), None
+
+
+def _compressed_tensors_int4_experts(q: dict[str, Any]) -> bool:
+    groups = [g for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+    weights = [g.get("weights") or {} for g in groups]
+    ignore = " ".join(str(x) for x in q.get("ignore") or [])
+    return bool(weights) and all(w.get("num_bits") == 4 and w.get("type") == "int" and w.get("group_size") == 32
+                                 for w in weights) and "self_attn" in ignore and "shared_experts" in ignore
+
+
+def _mla_or_gpt_oss_fields(arch: str, config: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+    get = _Reader(config, where)
+    layers = get.int("num_hidden_layers")
+    hidden = get.int("hidden_size")
+    heads = get.int("num_attention_heads")
+    quant, expert_quant = _expert_quantization(arch, config, where)
+    fields: dict[str, Any] = {"name": name, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
+                              "vocab_size": get.int("vocab_size"), "dtype": _dtype(config, where),
+                              "tied_embeddings": get.bool("tie_word_embeddings", default=False)}
+    if quant:
+        fields["quantization"] = quant
+    if expert_quant:
+        fields["expert_quantization"] = expert_quant
+    if arch in GPT_OSS:
+        experts = get.int("num_local_experts")
+        top_k = get.int("num_experts_per_tok", default=None) or get.int("experts_per_token")
+        if top_k > experts:
+            raise CbsimError(f"{where}: num_experts_per_tok ({top_k}) exceeds num_local_experts ({experts})")
+        width = get.int("intermediate_size")
+        fields.update(num_kv_heads=get.int("num_key_value_heads", default=heads),
+                      head_dim=get.int("head_dim", default=hidden // heads), intermediate_size=width,
+                      num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
+                      attention_sinks=True)
+        window, sliding = _sliding_layers(arch, config, get, layers)
+        if window:
+            fields.update(sliding_window=window, num_sliding_layers=sliding)
+        return fields
+    # DeepSeek-V2/V3 layout (vLLM vllm/model_executor/models/deepseek_v2.py)
+    freq = get.int("moe_layer_freq", default=1)
+    if freq != 1:
+        raise CbsimError(f"{where}: moe_layer_freq {freq} (MoE on every {freq}th layer) is not modelled; cbsim prices "
+                         f"dense first layers then MoE on every layer (moe_layer_freq 1)")
+    experts = get.int("n_routed_experts")
+    top_k = get.int("num_experts_per_tok")
+    if top_k > experts:
+        raise CbsimError(f"{where}: num_experts_per_tok ({top_k}) exceeds n_routed_experts ({experts})")
+    groups = get.int("n_group", default=1)
+    top_groups = get.int("topk_group", default=1)
+    if experts % groups or top_groups > groups or top_k > top_groups * (experts // groups):
+        raise CbsimError(f"{where}: grouped routing n_group {groups}, topk_group {top_groups} cannot pick "
+                         f"{top_k} of {experts} experts")
+    first_k = get.int("first_k_dense_replace", default=0, minimum=0)
+    if first_k >= layers:
+        raise CbsimError(f"{where}: first_k_dense_replace ({first_k}) leaves no MoE layer of {layers}")
+    width = get.int("moe_intermediate_size")
+    nope, rope = get.int("qk_nope_head_dim"), get.int("qk_rope_head_dim")
+    fields.update(num_kv_heads=heads, head_dim=nope + rope, intermediate_size=get.int("intermediate_size"),
+                  num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
+                  shared_expert_intermediate_size=get.int("n_shared_experts", default=0, minimum=0) * width,
+                  first_k_dense_layers=first_k, kv_lora_rank=get.int("kv_lora_rank"), qk_rope_head_dim=rope,
+                  qk_nope_head_dim=nope, v_head_dim=get.int("v_head_dim"),
+                  q_lora_rank=get.int("q_lora_rank", default=0, minimum=0),
+                  mtp_layers=get.int("num_nextn_predict_layers", default=0, minimum=0))
+    return fields
 
 
 def _compressed_tensors_fp8(q: dict[str, Any]) -> bool:

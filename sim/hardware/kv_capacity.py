@@ -8,10 +8,13 @@ over ``max_num_batched_tokens`` tokens), and divides the rest by the bytes of on
     num_gpu_blocks = (memory × gpu_memory_utilization − weights − activation reserve)
                      // (block_size × 2 × kv_heads_per_rank × head_dim × kv_dtype_bytes × layers)
 
+(MLA models, DeepSeek/Kimi: ``block_size × (kv_lora_rank + qk_rope_head_dim) × kv_dtype_bytes ×
+layers``, one latent per token on every rank: vLLM's ``MLAAttentionSpec``.)
 ``memory`` is what the device reports (:mod:`sim.hardware.gpus`), ``kv_dtype_bytes`` follows
 ``engine.kv_cache_dtype``, sliding-window layers are charged at most their window of a
 ``max_model_len`` request (:meth:`ModelSpec.kv_capacity_bytes_per_token`), and with expert
-parallelism each GPU holds ``num_experts / ep`` experts.
+parallelism each GPU holds ``num_experts / ep`` experts (without it, with data-parallel
+attention, each expert's width is split over tensor × data parallel GPUs).
 
 Everything is per GPU: with tensor parallelism each GPU holds its shard of the weights and of
 the KV heads, and every GPU holds the same number of blocks (one block = block_size tokens).
@@ -54,7 +57,8 @@ def reserve_bytes(model: ModelSpec, hardware_cfg, tp: int = 1, max_num_batched_t
     pinned = getattr(hardware_cfg, "activation_reserve_gib", None)
     if pinned is not None:
         return int(pinned * GIB)
-    return activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp, expert_parallel(hardware_cfg))
+    return activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp, expert_parallel(hardware_cfg),
+                                    moe_tensor_parallel(hardware_cfg))
 
 
 def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int, tp: int = 1, *,
@@ -71,7 +75,7 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, hardware_cfg, block_size: int
     util = hardware_cfg.gpu_memory_utilization
     reserve = reserve_bytes(model, hardware_cfg, tp, max_num_batched_tokens, max_num_seqs)
     budget = gpu.memory_bytes * util
-    weights = model.weight_bytes(tp, expert_parallel(hardware_cfg))
+    weights = model.weight_bytes(tp, expert_parallel(hardware_cfg), moe_tensor_parallel(hardware_cfg))
     per_block = block_bytes(model, block_size, tp, max_model_len)
     available = budget - weights - reserve
     if available < per_block:
@@ -91,6 +95,12 @@ def expert_parallel(hardware_cfg) -> int:
     """Expert-parallel GPUs: tensor × data parallel with ``hardware.expert_parallel``, else 1."""
     if not getattr(hardware_cfg, "expert_parallel", False):
         return 1
+    return getattr(hardware_cfg, "tensor_parallel", 1) * getattr(hardware_cfg, "data_parallel", 1)
+
+
+def moe_tensor_parallel(hardware_cfg) -> int:
+    """GPUs one expert's width is split over without expert parallelism: tensor × data parallel (vLLM's
+    MoE layers form one ``tp × dp`` group when the attention is data-parallel)."""
     return getattr(hardware_cfg, "tensor_parallel", 1) * getattr(hardware_cfg, "data_parallel", 1)
 
 

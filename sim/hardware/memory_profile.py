@@ -38,16 +38,17 @@ NON_TORCH_BYTES = 551 * MIB
 SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4 + 8 + 4
 
 
-def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int = 1, ep: int = 1) -> int:
+def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> int:
     """Peak activation bytes of one forward pass over ``tokens`` tokens on ONE GPU."""
     h = model.hidden_size
     q = model.q_size // tp
     kv = model.kv_heads_per_rank(tp) * model.head_dim
     widest = q + 2 * kv + q
     if model.is_moe:
-        width = model.expert_width_per_rank(tp, ep)
+        width = model.expert_width_per_rank(tp, ep, moe_tp)
         widest = max(widest, model.num_experts_per_tok * (3 * width + h),
-                     3 * -(-model.shared_expert_intermediate_size // tp))
+                     3 * -(-model.shared_expert_intermediate_size // tp),
+                     3 * -(-model.intermediate_size // tp) if model.first_k_dense_layers else 0)
     else:
         widest = max(widest, 3 * -(-model.intermediate_size // tp))
     return tokens * (2 * h + widest) * model.dtype_bytes
@@ -60,10 +61,10 @@ def sampler_peak_bytes(model: ModelSpec, sequences: int) -> int:
 
 
 def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int,
-                             tp: int = 1, ep: int = 1) -> int:
+                             tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> int:
     """Torch peak + non-torch increase of vLLM's profiling pass on ONE GPU (module docstring)."""
     tokens = max_num_batched_tokens
     seqs = min(max_num_seqs, max_num_batched_tokens)
-    torch_peak = max(forward_peak_bytes(model, tokens, tp, ep),
+    torch_peak = max(forward_peak_bytes(model, tokens, tp, ep, moe_tp),
                      sampler_peak_bytes(model, seqs) + tokens * model.hidden_size * model.dtype_bytes)
     return torch_peak + NON_TORCH_BYTES

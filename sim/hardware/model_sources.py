@@ -1,13 +1,16 @@
 """Where ``model: ORG/NAME`` finds its ``config.json``, on this machine only (never the network).
 
-Two places are searched, in this order, and the first hit wins:
+Three places are searched, in this order, and the first hit wins:
 
 1. the config files that ``aiconfigurator-core`` ships (``aiconfigurator_core/model_configs/
    ORG--NAME_config.json``), when that package is installed (``pip install 'cbsim[gpu-data]'``);
    found with ``importlib.util.find_spec``, so the package is not imported;
 2. a local Hugging Face hub cache: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
    ``~/.cache/huggingface/hub``; a model there is ``models--ORG--NAME/snapshots/<rev>/config.json``
-   (the newest snapshot when several are cached).
+   (the newest snapshot when several are cached);
+3. the copies cbsim ships of the configs its tests and docs use (``sim/hardware/configs/``:
+   DeepSeek-V3/R1, Kimi-K2/K2.5, gpt-oss-20b/120b; each names its source in ``_cbsim_source``),
+   so those names resolve without the optional package.
 
 ``cbsim models`` lists every name that resolves (:func:`available_models`).
 """
@@ -21,12 +24,14 @@ from pathlib import Path
 
 from sim.errors import CbsimError, nearest
 
+SHIPPED_DIR = Path(__file__).with_name("configs")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
     name: str  # ORG/NAME
     path: Path  # its config.json
-    origin: str  # "aiconfigurator-core" or "hf-cache"
+    origin: str  # "aiconfigurator-core", "hf-cache" or "cbsim"
 
 
 def looks_like_hub_name(name: str) -> bool:
@@ -61,6 +66,8 @@ def hf_cache_dir() -> Path:
 def available_models() -> list[ModelSource]:
     """Every ``ORG/NAME`` with a local config.json, aiconfigurator-core's first, sorted by name."""
     found: dict[str, ModelSource] = {}
+    for src in _folder_models(SHIPPED_DIR, "cbsim"):
+        found[src.name] = src
     for src in _hf_cache_models():
         found[src.name] = src
     for src in _aiconfigurator_models():  # first place searched wins
@@ -78,24 +85,31 @@ def find_config(name: str) -> ModelSource:
     cached = _hf_snapshot_config(hf_cache_dir() / f"models--{name.replace('/', '--')}")
     if cached is not None:
         return ModelSource(name, cached, "hf-cache")
+    shipped = SHIPPED_DIR / f"{name.replace('/', '--')}_config.json"
+    if shipped.is_file():
+        return ModelSource(name, shipped, "cbsim")
     known = [s.name for s in available_models()]
-    where = [f"{hf_cache_dir()} (Hugging Face cache)"]
+    where = [f"{hf_cache_dir()} (Hugging Face cache)", f"{SHIPPED_DIR} (the copies cbsim ships)"]
     where.insert(0, str(folder) if folder else "aiconfigurator-core (not installed: pip install 'cbsim[gpu-data]')")
     raise CbsimError(f"model {name!r}: no config.json found locally{nearest(name, known)}; looked in "
-                     f"{' and '.join(where)}. cbsim never downloads: give model: {{hf_config: PATH}} with the "
+                     f"{', '.join(where)}. cbsim never downloads: give model: {{hf_config: PATH}} with the "
                      f"config.json next to your weights, or run `cbsim models` to list what resolves")
 
 
 def _aiconfigurator_models() -> list[ModelSource]:
     folder = aiconfigurator_configs_dir()
-    if folder is None:
+    return [] if folder is None else _folder_models(folder, "aiconfigurator-core")
+
+
+def _folder_models(folder: Path, origin: str) -> list[ModelSource]:
+    if not folder.is_dir():
         return []
     out = []
     for path in folder.glob("*_config.json"):
         stem = path.name.removesuffix("_config.json")
         if stem.endswith("_hf_quant") or "--" not in stem:
             continue  # ModelOpt quantization side files, not model configs
-        out.append(ModelSource(stem.replace("--", "/", 1), path, "aiconfigurator-core"))
+        out.append(ModelSource(stem.replace("--", "/", 1), path, origin))
     return out
 
 

@@ -25,9 +25,49 @@ FP8 tensor cores; embeddings, LM head, norms and the router stay in ``dtype`` (v
 compressed-tensors methods skip them). ``kv_cache_dtype: fp8`` stores K and V in one byte
 (vLLM's ``--kv-cache-dtype fp8``); ``None`` or ``auto`` stores them in ``dtype``.
 
-Sliding-window layers (Mistral 7B v0.1, Gemma 2/3) attend to at most ``sliding_window`` keys and
-hold at most that many tokens of KV per sequence: :meth:`ModelSpec.kv_capacity_bytes_per_token`
+Sliding-window layers (Mistral 7B v0.1, Gemma 2/3, gpt-oss) attend to at most ``sliding_window``
+keys and hold at most that many tokens of KV per sequence: :meth:`ModelSpec.kv_capacity_bytes_per_token`
 and the attention cost count them so.
+
+Multi-head latent attention (MLA: DeepSeek-V2/V3/R1, Kimi-K2/K2.5; ``kv_lora_rank`` > 0) caches one
+compressed latent of ``kv_lora_rank`` plus the decoupled rope key of ``qk_rope_head_dim`` per token
+per layer, the same on every tensor-parallel rank (vLLM's ``MLAAttention.get_kv_cache_spec``:
+``MLAAttentionSpec(num_kv_heads=1, head_size=kv_lora_rank + qk_rope_head_dim)``, and its
+``real_page_size_bytes`` = block_size × num_kv_heads × head_size × dtype bytes, no factor 2 for K
+and V; vllm/v1/kv_cache_interface.py). Its projections: ``q_a_proj`` (hidden → ``q_lora_rank``) and
+``kv_a_proj_with_mqa`` (hidden → latent + rope key) replicated on every rank (vLLM's
+``fused_qkv_a_proj``, a ``MergedReplicatedLinear``), ``q_b_proj`` and ``kv_b_proj`` split over
+the heads, ``o_proj`` row-parallel. Decode runs the weight-absorbed form (vLLM
+vllm/v1/attention/backends/mla/common.py, "data-movement friendly approach"): the query is
+multiplied into latent space by ``W_UK`` and the output out of it by ``W_UV``, which together cost
+one ``kv_b_proj`` row per token, and attention is multi-query over the 576-wide latent:
+``2·(kv_lora_rank + qk_rope_head_dim) + 2·kv_lora_rank`` FLOPs per head per query-key pair.
+Prefill runs the "compute friendly" form: ``kv_b_proj`` up-projects every key of the chunk's
+context (its own tokens and the cached prefix) and attention is multi-head with
+``qk_nope + qk_rope`` wide keys and ``v_head_dim`` wide values.
+
+First-k dense layers (DeepSeek's ``first_k_dense_replace``): the first ``first_k_dense_layers``
+decoder layers have a dense MLP of ``intermediate_size``; the others are MoE layers. DeepSeek's
+grouped routing (``n_group``, ``topk_group``) picks ``num_experts_per_tok`` experts per token
+among the best groups; under balanced routing every expert is still chosen with probability
+``top_k / E`` per token, so :mod:`sim.hardware.moe`'s count holds as it is.
+
+Expert weight formats (``expert_quantization``): ``mxfp4`` (gpt-oss: 4-bit E2M1 values plus one
+8-bit E8M0 scale per 32, OCP Microscaling spec: 4.25 bits a weight; attention, router, embeddings
+and LM head stay in ``dtype``, the checkpoint's ``modules_to_not_convert``) and ``int4`` (Kimi-K2.5:
+compressed-tensors pack-quantized, symmetric int4 in groups of 32 with a bf16 scale: 4.5 bits;
+attention, shared experts, dense MLPs and LM head in ``dtype``, its ``ignore`` list). Both run as
+weight-only kernels (activations in ``dtype``, priced at the dense rate). FP8 block-quantized
+checkpoints (DeepSeek: ``weight_block_size`` [128, 128]) keep one fp32 scale per 128 × 128 block,
+0.024 % of the weight bytes, left out.
+
+Attention sinks (gpt-oss): one learned logit per head added to every softmax's denominator: one
+parameter per head and layer, no KV, no extra query-key pairs worth counting; recorded, priced as
+zero. Multi-token-prediction layers (``num_nextn_predict_layers``) are recorded as ``mtp_layers``
+and not part of the target model: the engines load them only as a speculative-decoding draft
+(vLLM's DeepseekV2 ``load_weights`` skips ``model.layers.{num_hidden_layers}+`` without
+``--speculative-config``). A policy entry's ``speculative: {method: mtp}`` prices that layer as
+the drafter (:mod:`sim.speculative.draft_cost`), and is refused for a model that ships none.
 """
 
 from __future__ import annotations
@@ -39,6 +79,8 @@ from sim.errors import CbsimError, nearest
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 QUANTIZATIONS = {"fp8": 1}  # bytes per quantized weight
+# bytes per routed-expert weight of the weight-only 4-bit formats (module docstring)
+EXPERT_QUANTIZATIONS = {"mxfp4": 0.5 + 1 / 32, "int4": 0.5 + 2 / 32}
 KV_CACHE_DTYPES = {"auto": None, "fp8": 1}  # None: the model's dtype
 
 # vLLM pads the vocabulary of its (vocab-parallel) embedding and LM head to a multiple of 64
@@ -68,19 +110,20 @@ class Linear:
     name: str
     n: int
     k: int
-    weight_bytes: int  # bytes per weight element (1 for fp8)
+    weight_bytes: float  # bytes per weight element (1 for fp8, 0.53125 for mxfp4)
     layers: int
     per: str = "token"
 
     @property
     def weight_bytes_total(self) -> int:
-        return self.n * self.k * self.weight_bytes * self.layers
+        total = self.n * self.k * self.weight_bytes * self.layers
+        return total if isinstance(total, int) else int(round(total))
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A Llama-style decoder (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP or a
-    mixture of SwiGLU experts)."""
+    """A Llama-style decoder (RMSNorm, rotary attention with grouped KV heads or multi-head latent
+    attention, SwiGLU MLP or a mixture of SwiGLU experts, optionally after dense first layers)."""
 
     name: str
     num_layers: int
@@ -100,6 +143,15 @@ class ModelSpec:
     num_sliding_layers: int = 0
     quantization: str | None = None
     kv_cache_dtype: str | None = None
+    kv_lora_rank: int = 0  # MLA: the cached latent's width (0: grouped-query attention)
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0  # MLA: the query's low-rank width (0: one q_proj from hidden)
+    first_k_dense_layers: int = 0  # MoE: leading layers with a dense MLP of intermediate_size
+    expert_quantization: str | None = None  # routed experts only: mxfp4 or int4 (weight-only)
+    attention_sinks: bool = False
+    mtp_layers: int = 0  # recorded, never loaded nor priced (speculative decoding)
 
     def __post_init__(self) -> None:
         for field in _POSITIVE + _NON_NEGATIVE:
@@ -133,6 +185,22 @@ class ModelSpec:
         if self.num_sliding_layers > self.num_layers:
             raise CbsimError(f"model {self.name!r}: num_sliding_layers ({self.num_sliding_layers}) exceeds "
                              f"num_layers ({self.num_layers})")
+        if self.expert_quantization is not None and self.expert_quantization not in EXPERT_QUANTIZATIONS:
+            raise CbsimError(f"model {self.name!r}: expert_quantization {self.expert_quantization!r} is not one of "
+                             f"{', '.join(EXPERT_QUANTIZATIONS)} (or null)")
+        if self.expert_quantization and not self.num_experts:
+            raise CbsimError(f"model {self.name!r}: expert_quantization needs num_experts > 0")
+        if self.first_k_dense_layers and not (self.num_experts and self.first_k_dense_layers < self.num_layers):
+            raise CbsimError(f"model {self.name!r}: first_k_dense_layers ({self.first_k_dense_layers}) needs an MoE "
+                             f"model with more layers than that ({self.num_layers})")
+        if self.kv_lora_rank:
+            missing = [f for f in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim") if getattr(self, f) < 1]
+            if missing:
+                raise CbsimError(f"model {self.name!r}: multi-head latent attention (kv_lora_rank > 0) needs "
+                                 f"{missing[0]} > 0")
+        elif self.q_lora_rank or self.qk_rope_head_dim or self.qk_nope_head_dim or self.v_head_dim:
+            raise CbsimError(f"model {self.name!r}: q_lora_rank, qk_rope_head_dim, qk_nope_head_dim and v_head_dim "
+                             f"describe multi-head latent attention and need kv_lora_rank > 0")
         if bool(self.sliding_window) != bool(self.num_sliding_layers):
             raise CbsimError(f"model {self.name!r}: sliding_window and num_sliding_layers go together "
                              f"(the window in tokens, and how many layers use it)")
@@ -155,13 +223,43 @@ class ModelSpec:
         return q if q is not None else self.dtype_bytes
 
     @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes of one routed-expert weight: the 4-bit formats' share, else a linear layer's."""
+        if self.expert_quantization:
+            return EXPERT_QUANTIZATIONS[self.expert_quantization]
+        return self.linear_weight_bytes
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is the mixture of experts (all but the first-k dense ones)."""
+        return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        """Layers with a dense MLP of ``intermediate_size``."""
+        return self.first_k_dense_layers if self.is_moe else self.num_layers
+
+    @property
     def q_size(self) -> int:
-        """Width of the query projection (num_heads × head_dim); not always hidden_size."""
+        """Width of the query projection (num_heads × head_dim); not always hidden_size. MLA:
+        num_heads × (qk_nope_head_dim + qk_rope_head_dim)."""
+        if self.is_mla:
+            return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.num_heads * self.head_dim
+
+    @property
+    def mla_latent_dim(self) -> int:
+        """Width of one cached MLA token in one layer: the latent plus the rope key (576 for DeepSeek-V3)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
     def num_full_layers(self) -> int:
@@ -169,19 +267,41 @@ class ModelSpec:
         return self.num_layers - self.num_sliding_layers
 
     def num_params(self) -> int:
-        """Parameters of the whole (unsharded) model, as the checkpoint counts them."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attention = h * self.q_size + 2 * h * kv + self.q_size * h
-        per_layer = attention + self._mlp_params() + 2 * h
-        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
-        return embeddings + self.num_layers * per_layer + h  # + final norm
-
-    def _mlp_params(self) -> int:
+        """Parameters of the whole (unsharded) model, as the checkpoint counts them (MTP layers and
+        biases left out)."""
         h = self.hidden_size
+        per_layer = self._attention_params() + 2 * h + self._extra_norm_params()
+        if self.attention_sinks:
+            per_layer += self.num_heads
+        mlp = self.dense_mlp_layers * 3 * h * self.intermediate_size
+        if self.is_moe:
+            mlp += self.moe_layers * (self.num_experts * 3 * h * self.moe_intermediate_size + h * self.num_experts
+                                      + 3 * h * self.shared_expert_intermediate_size)
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return embeddings + self.num_layers * per_layer + mlp + h  # + final norm
+
+    def active_params(self) -> int:
+        """Parameters one token passes through (routed experts: only its ``num_experts_per_tok``),
+        embeddings included, as model cards count "activated" parameters."""
         if not self.is_moe:
-            return 3 * h * self.intermediate_size
-        return (self.num_experts * 3 * h * self.moe_intermediate_size + h * self.num_experts
-                + 3 * h * self.shared_expert_intermediate_size)
+            return self.num_params()
+        idle = self.moe_layers * (self.num_experts - self.num_experts_per_tok) * 3 * self.hidden_size \
+            * self.moe_intermediate_size
+        return self.num_params() - idle
+
+    def _attention_params(self) -> int:
+        h = self.hidden_size
+        if not self.is_mla:
+            kv = self.num_kv_heads * self.head_dim
+            return h * self.q_size + 2 * h * kv + self.q_size * h
+        heads, latent = self.num_heads, self.mla_latent_dim
+        q = h * self.q_lora_rank + self.q_lora_rank * self.q_size if self.q_lora_rank else h * self.q_size
+        kv = h * latent + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * h
+
+    def _extra_norm_params(self) -> int:
+        """MLA's norms on the query and KV latents (q_a_layernorm, kv_a_layernorm), per layer."""
+        return self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0
 
     # --- parallelism --------------------------------------------------------------------------
     def check_tp(self, tp: int) -> None:
@@ -191,6 +311,8 @@ class ModelSpec:
         if self.num_heads % tp:
             raise CbsimError(f"model {self.name!r}: tensor_parallel={tp} does not divide its "
                              f"{self.num_heads} attention heads; pick a divisor of {self.num_heads}")
+        if self.is_mla:
+            return  # one latent per token, the same on every rank
         if self.num_kv_heads < tp and tp % self.num_kv_heads:
             raise CbsimError(f"model {self.name!r}: tensor_parallel={tp} is neither a divisor nor a multiple "
                              f"of its {self.num_kv_heads} KV heads, so KV heads cannot be replicated evenly")
@@ -214,50 +336,90 @@ class ModelSpec:
         return self.num_heads // tp
 
     def kv_heads_per_rank(self, tp: int = 1) -> int:
-        """KV heads each GPU stores: ``num_kv_heads / tp``, or 1 when KV heads are replicated."""
+        """KV heads each GPU stores: ``num_kv_heads / tp``, or 1 when KV heads are replicated (MLA: 1,
+        the latent every rank holds whole)."""
         self.check_tp(tp)
+        if self.is_mla:
+            return 1
         return max(1, self.num_kv_heads // tp)
 
     def experts_per_rank(self, ep: int = 1) -> int:
         return self.num_experts // ep if ep > 1 else self.num_experts
 
-    def expert_width_per_rank(self, tp: int = 1, ep: int = 1) -> int:
-        """One expert's intermediate width on one GPU: whole under expert parallelism, else /tp."""
-        return self.moe_intermediate_size if ep > 1 else _ceil_div(self.moe_intermediate_size, tp)
+    def expert_width_per_rank(self, tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> int:
+        """One expert's intermediate width on one GPU: whole under expert parallelism, else split over
+        the MoE's tensor-parallel group (``moe_tp``; default ``tp``. With data-parallel attention and
+        no expert parallelism vLLM's MoE layers form one ``tp × dp`` group: docs/serving/
+        data_parallel_deployment.md, "The expert layers will by default form a (DP x TP) sized
+        tensor parallel group")."""
+        return self.moe_intermediate_size if ep > 1 else _ceil_div(self.moe_intermediate_size, moe_tp or tp)
 
     # --- operators (per GPU) ------------------------------------------------------------------
     def dense_linears(self, tp: int = 1) -> list[Linear]:
         """The GEMMs every token passes through (attention projections, a dense or shared-expert
         MLP, the router), then the LM head, with their TP-sharded shapes. Routed experts are not
         here: what they cost depends on how many the step's tokens hit (:meth:`expert_linears`)."""
-        h, w, L = self.hidden_size, self.linear_weight_bytes, self.num_layers
-        q = self.q_size // tp
-        kv = self.kv_heads_per_rank(tp) * self.head_dim
-        ops = [Linear("qkv_proj", q + 2 * kv, h, w, L), Linear("o_proj", h, q, w, L)]
-        mlp = self.shared_expert_intermediate_size if self.is_moe else self.intermediate_size
-        if mlp:
-            inter = _ceil_div(mlp, tp)
-            name = "shared_expert" if self.is_moe else "mlp"
-            ops += [Linear(f"{name}.gate_up_proj", 2 * inter, h, w, L), Linear(f"{name}.down_proj", h, inter, w, L)]
+        h, w = self.hidden_size, self.linear_weight_bytes
+        ops = self.attention_linears(tp)
+        if self.dense_mlp_layers:
+            inter = _ceil_div(self.intermediate_size, tp)
+            k = self.dense_mlp_layers
+            ops += [Linear("mlp.gate_up_proj", 2 * inter, h, w, k), Linear("mlp.down_proj", h, inter, w, k)]
         if self.is_moe:
-            ops.append(Linear("router", self.num_experts, h, self.dtype_bytes, L))
+            m = self.moe_layers
+            if self.shared_expert_intermediate_size:
+                inter = _ceil_div(self.shared_expert_intermediate_size, tp)
+                ops += [Linear("shared_expert.gate_up_proj", 2 * inter, h, w, m),
+                        Linear("shared_expert.down_proj", h, inter, w, m)]
+            ops.append(Linear("router", self.num_experts, h, self.dtype_bytes, m))
         ops.append(Linear("lm_head", self._vocab_rows(tp), h, self.dtype_bytes, 1, per="sequence"))
         return ops
 
-    def expert_linears(self, tp: int = 1, ep: int = 1) -> list[Linear]:
-        """ONE routed expert's GEMMs on one GPU (``layers`` = every decoder layer)."""
+    def attention_linears(self, tp: int = 1) -> list[Linear]:
+        """The attention projections of every layer on one GPU.
+
+        Grouped-query attention: the fused q/k/v projection and o_proj. MLA (module docstring):
+        the replicated ``q_a_proj`` + ``kv_a_proj_with_mqa`` (one fused GEMM, as vLLM runs it), the
+        head-split ``q_b_proj`` and ``kv_b_proj`` (per token: the absorbed ``W_UK``/``W_UV`` BMMs of
+        decode cost the same FLOPs and weight reads), and ``o_proj``. The prefill's up-projection of
+        its cached context is a per-key cost: :meth:`mla_context_flops_per_key`."""
+        h, w, L = self.hidden_size, self.linear_weight_bytes, self.num_layers
+        if not self.is_mla:
+            q = self.q_size // tp
+            kv = self.kv_heads_per_rank(tp) * self.head_dim
+            return [Linear("qkv_proj", q + 2 * kv, h, w, L), Linear("o_proj", h, q, w, L)]
+        heads = self.heads_per_rank(tp)
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.q_lora_rank:
+            ops = [Linear("fused_qkv_a_proj", self.q_lora_rank + self.mla_latent_dim, h, w, L),
+                   Linear("q_b_proj", heads * qk, self.q_lora_rank, w, L)]
+        else:
+            ops = [Linear("q_proj", heads * qk, h, w, L), Linear("kv_a_proj_with_mqa", self.mla_latent_dim, h, w, L)]
+        return ops + [Linear("kv_b_proj", heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank, w, L),
+                      Linear("o_proj", h, heads * self.v_head_dim, w, L)]
+
+    def mla_context_flops_per_key(self, tp: int = 1) -> float:
+        """MLA prefill: FLOPs of up-projecting one cached context key (``kv_b_proj`` on its latent),
+        all layers, one GPU; 0 for grouped-query attention."""
+        if not self.is_mla:
+            return 0.0
+        width = self.heads_per_rank(tp) * (self.qk_nope_head_dim + self.v_head_dim)
+        return 2.0 * width * self.kv_lora_rank * self.num_layers
+
+    def expert_linears(self, tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> list[Linear]:
+        """ONE routed expert's GEMMs on one GPU (``layers`` = every MoE layer)."""
         if not self.is_moe:
             return []
-        h, w, L = self.hidden_size, self.linear_weight_bytes, self.num_layers
-        inter = self.expert_width_per_rank(tp, ep)
-        return [Linear("expert.gate_up_proj", 2 * inter, h, w, L), Linear("expert.down_proj", h, inter, w, L)]
+        h, w, m = self.hidden_size, self.expert_weight_bytes, self.moe_layers
+        inter = self.expert_width_per_rank(tp, ep, moe_tp)
+        return [Linear("expert.gate_up_proj", 2 * inter, h, w, m), Linear("expert.down_proj", h, inter, w, m)]
 
     def _vocab_rows(self, tp: int) -> int:
         padded_vocab = _ceil_div(self.vocab_size, VOCAB_PADDING) * VOCAB_PADDING
         return _ceil_div(padded_vocab, tp)
 
     # --- memory -------------------------------------------------------------------------------
-    def weight_bytes(self, tp: int = 1, ep: int = 1) -> int:
+    def weight_bytes(self, tp: int = 1, ep: int = 1, moe_tp: int | None = None) -> int:
         """Bytes of weights on ONE GPU of a ``tp``-way tensor-parallel group (experts split over
         ``ep`` expert-parallel GPUs when ``ep`` > 1).
 
@@ -269,14 +431,18 @@ class ModelSpec:
         self.check_ep(ep)
         h = self.hidden_size
         linears = sum(op.weight_bytes_total for op in self.dense_linears(tp) if op.per == "token")
-        experts = self.experts_per_rank(ep) * sum(op.weight_bytes_total for op in self.expert_linears(tp, ep))
+        experts = self.experts_per_rank(ep) * sum(op.weight_bytes_total for op in self.expert_linears(tp, ep, moe_tp))
         vocab_rows = self._vocab_rows(tp)
         embeddings = vocab_rows * h * (1 if self.tied_embeddings else 2) * self.dtype_bytes
-        norms = (2 * self.num_layers + 1) * h * self.dtype_bytes
-        return linears + experts + embeddings + norms
+        norms = ((2 * h + self._extra_norm_params()) * self.num_layers + h) * self.dtype_bytes
+        sinks = self.heads_per_rank(tp) * self.num_layers * self.dtype_bytes if self.attention_sinks else 0
+        return linears + experts + embeddings + norms + sinks
 
     def kv_layer_bytes_per_token(self, tp: int = 1) -> int:
-        """KV-cache bytes one token takes in ONE layer on ONE GPU: K and V."""
+        """KV-cache bytes one token takes in ONE layer on ONE GPU: K and V; MLA: the latent and the
+        rope key, once (``kv_lora_rank + qk_rope_head_dim`` elements, on every rank)."""
+        if self.is_mla:
+            return self.mla_latent_dim * self.kv_dtype_bytes
         return 2 * self.kv_heads_per_rank(tp) * self.head_dim * self.kv_dtype_bytes
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
@@ -305,9 +471,9 @@ class ModelSpec:
         """FLOPs of the decoder layers' linear projections for one token on ONE GPU: 2 (multiply
         + add) × the weights it multiplies (q, k, v, o, the MLP; for an MoE, the router, the
         shared expert and its ``num_experts_per_tok`` routed experts)."""
-        per_layer = sum(op.n * op.k for op in self.dense_linears(tp) if op.per == "token")
-        per_layer += self.num_experts_per_tok * sum(op.n * op.k for op in self.expert_linears(tp))
-        return 2.0 * self.num_layers * per_layer
+        total = sum(op.n * op.k * op.layers for op in self.dense_linears(tp) if op.per == "token")
+        total += self.num_experts_per_tok * sum(op.n * op.k * op.layers for op in self.expert_linears(tp))
+        return 2.0 * total
 
     def lm_head_flops(self, tp: int = 1) -> float:
         """FLOPs of the LM head (hidden → vocabulary logits) for one sampled position, ONE GPU."""
@@ -326,9 +492,21 @@ class ModelSpec:
         return self.layer_flops_per_token(tp) + self.lm_head_flops(tp)
 
     def attention_flops_per_pair(self, tp: int = 1) -> float:
-        """FLOPs per (query token, cached key token) pair, all layers, ONE GPU: QK^T and PV
-        each cost 2 × head_dim per head."""
+        """FLOPs per (query token, cached key token) pair of PREFILL attention, all layers, ONE
+        GPU: QK^T and PV each cost 2 × head_dim per head (MLA, non-absorbed: 2 × (qk_nope +
+        qk_rope) and 2 × v_head_dim)."""
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            return 2.0 * self.heads_per_rank(tp) * (qk + self.v_head_dim) * self.num_layers
         return 4.0 * self.heads_per_rank(tp) * self.head_dim * self.num_layers
+
+    def decode_attention_flops_per_pair(self, tp: int = 1) -> float:
+        """FLOPs per (decode token, cached key) pair, all layers, ONE GPU: as prefill, except MLA's
+        absorbed form, multi-query over the latent: 2 × (kv_lora_rank + qk_rope_head_dim) for
+        QK^T and 2 × kv_lora_rank for PV per head."""
+        if self.is_mla:
+            return 2.0 * self.heads_per_rank(tp) * (self.mla_latent_dim + self.kv_lora_rank) * self.num_layers
+        return self.attention_flops_per_pair(tp)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a dict, leaving out new fields at their defaults, so the metadata of
@@ -342,7 +520,9 @@ class ModelSpec:
 
 _OPTIONAL_DEFAULTS = {"num_experts": 0, "num_experts_per_tok": 0, "moe_intermediate_size": 0,
                       "shared_expert_intermediate_size": 0, "sliding_window": 0, "num_sliding_layers": 0,
-                      "quantization": None, "kv_cache_dtype": None}
+                      "quantization": None, "kv_cache_dtype": None, "kv_lora_rank": 0, "qk_rope_head_dim": 0,
+                      "qk_nope_head_dim": 0, "v_head_dim": 0, "q_lora_rank": 0, "first_k_dense_layers": 0,
+                      "expert_quantization": None, "attention_sinks": False, "mtp_layers": 0}
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int,

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 
 from sim.errors import CbsimError
 from sim.hardware.gpus import GPUSpec
-from sim.hardware.kv_capacity import GIB, MAX_KV_BLOCKS, _bytes, expert_parallel, reserve_bytes
+from sim.hardware.kv_capacity import (
+    GIB,
+    MAX_KV_BLOCKS,
+    _bytes,
+    expert_parallel,
+    moe_tensor_parallel,
+    reserve_bytes,
+)
 from sim.hardware.models import ModelSpec
 
 # The CUDA context with cuBLAS/NCCL handles (~0.5 GiB on an H100; sim/hardware/memory_profile.py)
@@ -53,7 +60,7 @@ def trtllm_kv(model: ModelSpec, gpu: GPUSpec, hardware_cfg, tp: int, *, max_num_
     """TensorRT-LLM's KV pool on one GPU (module docstring); :class:`CbsimError` when no block fits."""
     dummies = -(-max_num_tokens // max_seq_len)
     reserve = reserve_bytes(model, hardware_cfg, tp, max_num_tokens, dummies) + CUDA_CONTEXT_BYTES
-    weights = model.weight_bytes(tp, expert_parallel(hardware_cfg))
+    weights = model.weight_bytes(tp, expert_parallel(hardware_cfg), moe_tensor_parallel(hardware_cfg))
     free = gpu.memory_bytes - weights - reserve
     per_token = model.kv_capacity_bytes_per_token(tp, max_seq_len)
     tokens = int(free * fraction // per_token) if free > 0 else 0

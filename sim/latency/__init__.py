@@ -17,7 +17,8 @@ def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int, path=No
     """Build the latency model named by a scenario's ``latency`` section (``path``: the table
     folder already resolved against the scenario's location; ``async_scheduling``: the scenario's
     ``engine.async_scheduling``, how a table's ``engine_cpu`` term adds to the GPU time;
-    ``data_parallel``/``expert_parallel``: the MoE layout the roofline prices)."""
+    ``data_parallel``/``expert_parallel``: the MoE layout the roofline prices and a table must have
+    been made for)."""
     if cfg.backend == "constant":
         from sim.latency.constant import ConstantLatency
 
@@ -34,5 +35,6 @@ def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int, path=No
 
         return TableLatency.from_path(path or cfg.path, model, gpu, tensor_parallel, block_size,
                                       overhead_s=getattr(cfg, "overhead_s", None),
-                                      async_scheduling=async_scheduling)
+                                      async_scheduling=async_scheduling, data_parallel=data_parallel,
+                                      expert_parallel=expert_parallel)
     raise ValueError(f"unknown latency backend {cfg.backend!r}")

@@ -68,7 +68,8 @@ class LatencyModel:
         self.kv_bytes_per_block = self.kv_bytes_per_token * block_size
         # per-step constants, computed once (the hot path prices hundreds of thousands of steps)
         self._flops_per_token = model.flops_per_token(tensor_parallel)
-        self._attn_flops_per_pair = 4.0 * model.num_heads * model.head_dim / tensor_parallel * model.num_layers
+        self._attn_flops_per_pair = (model.attention_flops_per_pair(tensor_parallel) if getattr(model, "is_mla", False)
+                                     else 4.0 * model.num_heads * model.head_dim / tensor_parallel * model.num_layers)
         self._weight_bytes = model.weight_bytes(tensor_parallel)
         self._act_bytes_per_token = model.hidden_size * model.dtype_bytes * model.num_layers * 4
 

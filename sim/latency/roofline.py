@@ -19,7 +19,12 @@ Operators of one step on ONE GPU (shapes from :meth:`ModelSpec.dense_linears` an
   draft token a speculative step verifies (``StepShape.spec_tokens``);
 - prefill attention (``4·heads·head_dim`` FLOPs per query-key pair per layer; KV of the context
   read) and decode attention (the same per pair; every cached key read), sliding-window layers
-  reading at most their window; the step's new K and V written;
+  reading at most their window; the step's new K and V written. Multi-head latent attention
+  (:mod:`sim.hardware.models`, DeepSeek/Kimi): prefill is multi-head over up-projected keys
+  (``2·(qk_nope + qk_rope + v)`` per head per pair) after ``kv_b_proj`` up-projects the cached
+  prefix it attends to (a GEMM of ``prefix`` rows, at the linear layers' rate); decode is the
+  absorbed multi-query form over the latent (``2·(2·kv_lora_rank + qk_rope)`` per head per pair)
+  reading ``kv_lora_rank + qk_rope_head_dim`` elements per cached token and layer;
 - element-wise work (norms, rotary, activation function, residual adds): memory-bound, four
   ``hidden``-wide reads and writes per token per layer;
 - communication (not overlapped with compute, as in vLLM's default): with tensor parallelism two
@@ -78,12 +83,14 @@ class RooflineLatency(LatencyModel):
             rate = self.linear_rate if op.weight_bytes < a else self.compute_rate
             self._linears.append((2.0 * op.n * op.k * op.layers, float(op.weight_bytes_total),
                                   float((op.n + op.k) * a * op.layers), rate, op.per == "sequence"))
-        experts = model.expert_linears(tp, expert_parallel)
+        experts = model.expert_linears(tp, expert_parallel, tp * data_parallel)
         self._expert_flops_per_row = 2.0 * sum(op.n * op.k * op.layers for op in experts)
         self._expert_bytes = float(sum(op.weight_bytes_total for op in experts))  # one expert, all layers
         self._expert_act_per_row = float(sum((op.n + op.k) * a * op.layers for op in experts))
         self._local_experts = model.experts_per_rank(expert_parallel)
         self._attn_pair_flops = model.attention_flops_per_pair(tp)
+        self._decode_pair_flops = model.decode_attention_flops_per_pair(tp)
+        self._context_up_flops = model.mla_context_flops_per_key(tp)  # MLA prefill: kv_b_proj per cached key
         self._kv_layer = float(model.kv_layer_bytes_per_token(tp))
         self._sliding = model.num_sliding_layers
         self._window = model.sliding_window
@@ -95,8 +102,9 @@ class RooflineLatency(LatencyModel):
         # two all-reduces per layer: latency + 2(p-1)/p * bytes / link
         self._ar_fixed = 2 * model.num_layers * lat if tp > 1 else 0.0
         self._ar_per_token = 2 * 2 * (tp - 1) / tp * row / link if tp > 1 else 0.0
-        # DP attention + EP: all-gather before and reduce-scatter after the experts, over dp ranks
-        moe_dp = model.is_moe and expert_parallel > 1 and data_parallel > 1
+        # DP attention (EP or one tp x dp MoE group): all-gather before and reduce-scatter after the
+        # experts, over dp ranks
+        moe_dp = model.is_moe and data_parallel > 1
         self._a2a_fixed = 2 * model.num_layers * lat if moe_dp else 0.0
         self._a2a_per_token = 2 * (data_parallel - 1) * row / link if moe_dp else 0.0
         if self._sliding:
@@ -113,7 +121,7 @@ class RooflineLatency(LatencyModel):
         the per-sequence ones (the LM head runs once per real sequence)."""
         if not shape.padding_tokens:
             return flops
-        return flops - self._row_flops() * shape.padding_tokens - self._attn_pair_flops * shape.padding_ctx
+        return flops - self._row_flops() * shape.padding_tokens - self._decode_pair_flops * shape.padding_ctx
 
     def recompute_flops(self, tokens: int, pairs: float) -> float:
         """FLOPs of recomputed tokens as :meth:`breakdown` charged them (per-token operators, experts
@@ -171,8 +179,14 @@ class RooflineLatency(LatencyModel):
             flops += of
             bytes_ += ob
             kv_write = 0.0
+            if self._context_up_flops:
+                prefix = shape.kv_tokens_read - shape.decode_ctx - shape.prefill_tokens
+                if prefix > 0:
+                    of = self._context_up_flops * prefix
+                    t += of / self.linear_rate
+                    flops += of
         if shape.decode_ctx:
-            of, ob = self._attn_pair_flops * shape.decode_ctx * dec_keys[1], dec_keys[0] + kv_write
+            of, ob = self._decode_pair_flops * shape.decode_ctx * dec_keys[1], dec_keys[0] + kv_write
             t += max(of / cr, ob / mr)
             flops += of
             bytes_ += ob
@@ -182,7 +196,7 @@ class RooflineLatency(LatencyModel):
     def _experts(self, n: float) -> tuple[float, float]:
         """FLOPs and bytes of the routed experts on this GPU for ``n`` tokens of this rank."""
         m = self.model
-        tokens = n * self.dp if self.ep > 1 else n  # EP: every DP rank's tokens reach the experts
+        tokens = n * self.dp  # DP attention: every rank's tokens reach the experts (EP or one tp x dp group)
         rows = tokens * m.num_experts_per_tok * self._local_experts / m.num_experts
         active = self._local_experts * (expected_active_experts(m.num_experts, m.num_experts_per_tok, tokens)
                                         / m.num_experts)
@@ -230,7 +244,7 @@ class RooflineLatency(LatencyModel):
         fixed_t += ew / mr
         fixed_b += ew
         d = context + b * np.arange(1, k + 1, dtype=np.float64)
-        af = self._attn_pair_flops * d
+        af = self._decode_pair_flops * d
         ab = self._kv_layer * self.model.num_layers * d + self._kv_write_per_token * b
         comm = self._ar_fixed + self._ar_per_token * b + self._a2a_fixed + self._a2a_per_token * b
         seconds = fixed_t + np.maximum(af / cr, ab / mr) + comm + self.overhead_s

@@ -70,9 +70,10 @@ class TableLatency(LatencyModel):
 
     @classmethod
     def from_path(cls, path: str | Path, model, gpu, tensor_parallel: int, block_size: int,
-                  overhead_s: float | None = None, async_scheduling: bool = True) -> TableLatency:
+                  overhead_s: float | None = None, async_scheduling: bool = True, data_parallel: int = 1,
+                  expert_parallel: int = 1) -> TableLatency:
         table = read_table(path)
-        check_compatible(table, model, tensor_parallel, block_size)
+        check_compatible(table, model, tensor_parallel, block_size, data_parallel, expert_parallel)
         return cls(table, model, gpu, tensor_parallel, block_size, overhead_s, async_scheduling)
 
     # --- pricing -----------------------------------------------------------------------------
@@ -188,9 +189,15 @@ class TableLatency(LatencyModel):
             TableExtrapolationWarning, stacklevel=4)
 
 
-def check_compatible(table: LatencyTable, model, tensor_parallel: int, block_size: int) -> None:
-    """A table priced for another model or TP degree gives meaningless times: refuse it. A
-    different block size changes attention cost only slightly: warn."""
+def check_compatible(table: LatencyTable, model, tensor_parallel: int, block_size: int, data_parallel: int = 1,
+                     expert_parallel: int = 1) -> None:
+    """A table priced for another model, TP degree or MoE layout gives meaningless times: refuse it.
+    A different block size changes attention cost only slightly: warn.
+
+    The MoE layout (issue #27 item 6): a table without ``parallel`` metadata prices TP-sharded
+    experts with no all-to-all and one engine's tokens; an MoE scenario with expert parallelism or
+    data-parallel attention must use a table made for that layout (its dispatch/combine and its
+    DP ranks' tokens in the MoE), and is told the command that makes one."""
     meta, where = table.metadata, table.path
     spec = meta["model"]
     mine = model.to_dict() if hasattr(model, "to_dict") else None
@@ -204,10 +211,31 @@ def check_compatible(table: LatencyTable, model, tensor_parallel: int, block_siz
     if meta["tensor_parallel"] != tensor_parallel:
         raise CbsimError(f"latency table {where}: measured at tensor_parallel {meta['tensor_parallel']} but the "
                          f"scenario has hardware.tensor_parallel {tensor_parallel}; calibrate at that degree")
+    _check_layout(meta, where, model, tensor_parallel, data_parallel, expert_parallel)
     if meta["block_size"] != block_size:
         warnings.warn(f"latency table {where}: measured with block_size {meta['block_size']}, used with "
                       f"engine.block_size {block_size}; attention times may be off slightly",
                       UserWarning, stacklevel=3)
+
+
+def _check_layout(meta: dict, where, model, tp: int, dp: int, ep: int) -> None:
+    if not getattr(model, "is_moe", False):
+        return  # a dense model's data-parallel ranks are independent engines: the TP table prices each
+    par = meta.get("parallel") or {}
+    made = (par.get("data_parallel", 1), par.get("expert_parallel", 1))
+    if made == (dp, ep):
+        return
+
+    def words(d: int, e: int) -> str:
+        experts = f"experts over {e} expert-parallel GPUs" if e > 1 else "experts TP-sharded, no all-to-all"
+        return f"data_parallel {d}, {experts}"
+
+    flags = f" --data-parallel {dp}" if dp > 1 else ""
+    flags += " --expert-parallel" if ep > 1 else ""
+    raise CbsimError(f"latency table {where}: made for {words(*made)}, but the scenario runs "
+                     f"{words(dp, ep)} (hardware.data_parallel, hardware.expert_parallel); make a table for that "
+                     f"layout: cbsim calibrate --from-kernel-db --gpu GPU --model {getattr(model, 'name', 'MODEL')} "
+                     f"--tp {tp}{flags} --out DIR")
 
 
 class _Grid1:

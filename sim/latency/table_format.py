@@ -114,6 +114,11 @@ Optional keys (null or absent when not applicable or unknown):
 - ``engine``: mapping describing the engine the table stands for (``name``, ``version``, how
   the source measured it, e.g. ``enforce_eager``).
 - ``decode_skew_alpha``: number in [0, 1], see "Decode skew" above.
+- ``parallel``: the layout beyond ``tensor_parallel`` the table was made for: ``{"data_parallel":
+  D, "expert_parallel": E, "moe_tensor_parallel": M}`` (attention data-parallel ranks stepping
+  together, expert-parallel GPUs, the experts' own tensor-parallel split). Absent: data_parallel
+  1, expert_parallel 1 and the experts TP-sharded over ``tensor_parallel``; a scenario that runs
+  an MoE model in another layout refuses the table (``sim.latency.table.check_compatible``).
 """
 
 from __future__ import annotations
@@ -155,7 +160,8 @@ ALL_COMPONENTS: dict[str, tuple[str, ...]] = {**COMPONENTS, **OPTIONAL_COMPONENT
 REQUIRED_METADATA = ("format_version", "source", "device", "model", "dtype", "block_size",
                      "tensor_parallel", "date", "grid")
 OPTIONAL_METADATA = ("torch_version", "driver_version", "num_gpu_blocks", "gpu_memory_utilization",
-                     "bandwidth", "heldout_error", "fit", "provenance", "engine", "decode_skew_alpha")
+                     "bandwidth", "heldout_error", "fit", "provenance", "engine", "decode_skew_alpha", "parallel")
+PARALLEL_KEYS = ("data_parallel", "expert_parallel", "moe_tensor_parallel")
 
 
 @dataclass
@@ -293,6 +299,13 @@ def validate_metadata(meta: Any, where: str | Path = METADATA_FILE) -> None:
     for key in ("provenance", "engine"):
         if meta.get(key) is not None and not isinstance(meta[key], dict):
             raise CbsimError(f"{where}: {key} must be a mapping or null, got {meta[key]!r:.60}")
+    par = meta.get("parallel")
+    if par is not None:
+        if not isinstance(par, dict) or set(par) - set(PARALLEL_KEYS):
+            raise CbsimError(f"{where}: parallel must be a mapping of {', '.join(PARALLEL_KEYS)}, got {par!r:.80}")
+        for key, value in par.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CbsimError(f"{where}: parallel.{key} must be a positive integer, got {value!r}")
     err = meta.get("heldout_error")
     if err is not None and not isinstance(err, dict):
         raise CbsimError(f"{where}: heldout_error must be a mapping or null, got {err!r:.60}")

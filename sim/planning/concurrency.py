@@ -76,10 +76,10 @@ def search_concurrency(scn, label: str, tolerance: float) -> dict:
         lo, hi = start, None
         while hi is None:
             if lo >= ceiling:
-                raise CbsimError(f"{label}: the SLO is met at every concurrency up to {lo} clients, {CEILING_FACTOR} × "
-                                 f"the {ceiling // CEILING_FACTOR} requests it runs at once: beyond that more clients "
-                                 f"only wait in its queue; bound slo.ttft_s or slo.e2e_s to find where they wait too "
-                                 f"long")
+                raise CbsimError(f"{label}: the SLO is met at every concurrency up to {lo} clients, "
+                                 f"{CEILING_FACTOR} × the {ceiling // CEILING_FACTOR} requests it runs at once: "
+                                 f"beyond that more clients only wait in its queue; bound slo.ttft_s or slo.e2e_s "
+                                 f"to find where they wait too long")
             nxt = min(2 * lo, ceiling)
             if met(nxt):
                 lo = nxt

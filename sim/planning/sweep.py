@@ -337,8 +337,9 @@ def sweep(scenario, points: Sequence[Point], out_dir, overrides: Iterable[str] =
                                  f"its policies are: {', '.join(labels)}")
     if any(p.rate is not None for p in points) and arrival_rate(base) is None:
         raise CbsimError("--rates sets workload.arrival.rate, but this scenario's workload has no arrival "
-                         "rate (a replayed trace or written-out workload.requests); use a synthetic arrival "
-                         "process, or --vary another field (e.g. workload.trace.rate_scale=1,2,4)")
+                         "rate (a replayed trace, written-out workload.requests or closed-loop clients); use a "
+                         "synthetic arrival process, or --vary another field (e.g. workload.trace.rate_scale=1,2,4 "
+                         "or workload.arrival.concurrency=8,16,32)")
     # resolve every point first: a bad --vary value fails before anything runs
     resolved = [load_scenario(base, list(p.overrides)) for p in points]
     keys = [point_key(s, policies) for s in resolved]

@@ -45,6 +45,12 @@ class Deployment:
         return self.scenario.replicas.count * self.scenario.hardware.data_parallel
 
     @property
+    def lockstep(self) -> int:
+        """Data-parallel ranks that step together: ``data_parallel`` for an MoE model (its experts
+        span every rank, :mod:`sim.lockstep`), 1 (independent engines) for a dense one."""
+        return self.data_parallel if self.model.is_moe and self.data_parallel > 1 else 1
+
+    @property
     def table_path(self) -> Path | None:
         """The latency table folder, resolved against the scenario file's location."""
         path = self.scenario.latency.path

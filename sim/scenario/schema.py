@@ -90,6 +90,20 @@ class ModelSpecConfig(BaseModel):
     num_sliding_layers: int | None = Field(None, ge=0, description="how many layers use sliding_window")
     quantization: Literal["fp8"] | None = Field(None, description="fp8: w8a8 FP8 linear layers (1 byte per "
                                                 "weight); null: weights in dtype")
+    kv_lora_rank: int | None = Field(None, ge=0, description="multi-head latent attention (DeepSeek, Kimi): "
+                                     "width of the cached KV latent; null/0: grouped-query attention")
+    qk_rope_head_dim: int | None = Field(None, ge=0, description="MLA: width of the decoupled rope key "
+                                         "(cached beside the latent)")
+    qk_nope_head_dim: int | None = Field(None, ge=0, description="MLA: per-head query/key width without rope")
+    v_head_dim: int | None = Field(None, ge=0, description="MLA: per-head value width")
+    q_lora_rank: int | None = Field(None, ge=0, description="MLA: low-rank query width; null/0: one q_proj")
+    first_k_dense_layers: int | None = Field(None, ge=0, description="MoE: leading layers with a dense MLP "
+                                             "of intermediate_size (DeepSeek's first_k_dense_replace)")
+    expert_quantization: Literal["mxfp4", "int4"] | None = Field(None, description="routed experts only: "
+                                                                 "mxfp4 (4.25 bits) or int4 group-32 (4.5 bits) "
+                                                                 "weight-only; null: as quantization")
+    attention_sinks: bool = Field(False, description="gpt-oss's per-head attention sinks (recorded; priced as "
+                                                     "zero: one logit per head)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpecConfig:
@@ -1059,6 +1073,15 @@ class Scenario(BaseModel):
         if self.workload.requests is not None:
             for key in ("arrival", "prompt_tokens", "output_tokens", "trace", "prefix"):
                 data["workload"].pop(key)
+        if self.workload.sessions is not None:  # unused beside sessions (and refused when given)
+            for key in ("num_requests", "prompt_tokens", "output_tokens", "max_tokens", "trace", "prefix"):
+                data["workload"].pop(key, None)
+        else:
+            data["workload"].pop("sessions", None)  # absent is the same scenario: saved files stay as they were
+        arrival = data["workload"].get("arrival")
+        if arrival is not None and arrival.get("process") != "closed":
+            for key in ("concurrency", "think_time_s", "ramp_s"):  # closed loop only, null here
+                arrival.pop(key, None)
         # files the scenario names, as absolute paths: a saved scenario.yaml re-runs from anywhere
         trace = data["workload"].get("trace")
         if trace and trace.get("path"):

@@ -55,6 +55,8 @@ def draft_spec(method: str, target, draft_model=None, draft_vocab_size: int | No
         sliding_window=0,
         num_sliding_layers=0,
         tied_embeddings=False,
+        first_k_dense_layers=0,  # DeepSeek's MTP layer is an MoE layer (MLA + experts)
+        mtp_layers=0,
     )
     if method != "mtp" and head.num_experts:  # an EAGLE head is a dense layer
         head = replace(
@@ -63,6 +65,7 @@ def draft_spec(method: str, target, draft_model=None, draft_vocab_size: int | No
             num_experts_per_tok=0,
             moe_intermediate_size=0,
             shared_expert_intermediate_size=0,
+            expert_quantization=None,
         )
     return head
 

@@ -46,7 +46,7 @@ class Speculation:
 
     def limits(self, limits, dep):
         """``limits`` with the drafter's weights and KV taken out of the GPU block pool."""
-        from sim.hardware.kv_capacity import block_bytes, expert_parallel, reserve_bytes
+        from sim.hardware.kv_capacity import block_bytes, expert_parallel, moe_tensor_parallel, reserve_bytes
 
         scn = dep.scenario
         if self.draft is None or self.draft.roof is None or scn.engine.num_gpu_blocks is not None:
@@ -54,7 +54,7 @@ class Speculation:
         hw, eng, tp, model = scn.hardware, scn.engine, dep.tensor_parallel, dep.model
         available = (
             dep.gpu.memory_bytes * hw.gpu_memory_utilization
-            - model.weight_bytes(tp, expert_parallel(hw))
+            - model.weight_bytes(tp, expert_parallel(hw), moe_tensor_parallel(hw))
             - reserve_bytes(model, hw, tp, limits.max_num_batched_tokens, limits.max_num_seqs)
         )
         draft = self.draft
@@ -80,6 +80,11 @@ def speculation_for(dep, entry) -> Speculation | None:
         return None
     from sim.hardware.models import get_model
 
+    if cfg.method == "mtp" and getattr(dep.model, "is_mla", False) and not dep.model.mtp_layers:
+        from sim.errors import CbsimError
+
+        raise CbsimError(f"speculative.method: mtp, but {dep.model.name!r} ships no multi-token-prediction layer "
+                         f"(its config.json's num_nextn_predict_layers is 0); use eagle, eagle3, ngram or a draft model")
     acc = cfg.acceptance
     k = cfg.num_speculative_tokens
     rates = conditional_rates(k, acc.rate, acc.per_position, acc.mean_length)

@@ -1,0 +1,221 @@
+"""Kernel-database tables for MLA and MoE models under wide expert parallelism and attention data
+parallelism (``cbsim calibrate --from-kernel-db --data-parallel D --expert-parallel``).
+
+What changes from :mod:`calib.sources.kernel_db` (the dense and tensor-parallel path, whose
+composition this reuses unchanged):
+
+- **the layout** AIConfigurator compiles the model for: ``tp`` attention ranks per data-parallel
+  rank, ``attention_dp`` data-parallel attention ranks, and the MoE over the same
+  ``tp × attention_dp`` GPUs either expert-parallel (``moe_ep = tp × dp``, ``moe_tp = 1``: vLLM's
+  ``--enable-expert-parallel``, SGLang's ``--ep``) or tensor-parallel (``moe_tp = tp × dp``: vLLM's
+  DP without EP, where the MoE layers form one ``tp × dp`` tensor-parallel group). The database
+  then prices the experts from its ``moe`` rows at this rank's expert share, and the dispatch and
+  combine of an EP MoE (``moe_pre_dispatch``, ``moe_post_dispatch``) from the engine's own
+  communication rows (all-to-all / all-gather + reduce-scatter by message size and GPU count);
+- **lockstep**: under attention DP, AIConfigurator's MoE operators see the tokens of every DP rank
+  (T per rank × dp: its ``attention_dp_size`` multiplies the MoE's token count), so ``linear(T)``
+  is the step of one rank when every rank runs T tokens, the MoE waiting for all of them. A
+  table made so prices the ranks of a DP engine as stepping together on equal shares, which is
+  how the corpus rows run them (one concurrency split evenly over the ranks);
+- **MLA**: AIConfigurator prices DeepSeek-style attention as one ``mla_block`` operator (the
+  q/kv low-rank projections, the rope, the attention and o_proj, from its ``mla`` and
+  ``mla_bmm`` rows), so the block is taken whole as attention: ``prefill_attn(n, c)`` is the
+  block over a chunk of ``n`` tokens after ``c`` cached ones (the non-absorbed path) and
+  ``decode_attn(b, c̄)`` the block for ``b`` decodes (the absorbed path). What that leaves out: in
+  a step that has both, the block's projections run once per kind rather than once over all
+  rows (their weights are read twice), written to ``provenance.modelled``;
+- **quantization** as the checkpoint ships it: FP8 block-quantized GEMMs and experts
+  (``fp8_block``) for DeepSeek-V3/R1 and Kimi-K2, MXFP4 weight-only experts (``w4a16_mxfp4``)
+  for gpt-oss, INT4 weight-only experts (``int4_wo``) for Kimi-K2.5; context attention in bf16
+  (the database has no FP8 context-MLA rows for these engines on Hopper).
+
+Multi-token prediction is refused: the MTP layers are a speculative-decoding draft, which cbsim
+does not simulate yet (``--nextn`` is not offered; the table prices the model without them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from calib.sources.kernel_db import KernelDb, ModelSource
+from sim.errors import CbsimError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One replica's parallel layout, in the scenario's words: ``tensor_parallel`` attention GPUs per
+    data-parallel rank, ``data_parallel`` ranks, experts split over all of them or TP-sharded."""
+
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("tensor_parallel", "data_parallel"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CbsimError(f"--{key.replace('_', '-')} must be a positive integer, got {value!r}")
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel * self.data_parallel
+
+    @property
+    def moe_ep(self) -> int:
+        return self.gpus if self.expert_parallel else 1
+
+    @property
+    def moe_tp(self) -> int:
+        return 1 if self.expert_parallel else self.gpus
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The table's ``parallel`` metadata: what :func:`sim.latency.table.check_compatible` compares."""
+        return {
+            "data_parallel": self.data_parallel,
+            "expert_parallel": self.moe_ep,
+            "moe_tensor_parallel": self.moe_tp,
+        }
+
+    @property
+    def is_plain(self) -> bool:
+        """Tensor parallelism only (the layout every table without ``parallel`` metadata was made for)."""
+        return self.data_parallel == 1 and not self.expert_parallel
+
+
+def moe_quant_mode(spec, dtype: str) -> str:
+    """AIConfigurator's quantization mode of the routed experts as the checkpoint ships them."""
+    expert = getattr(spec, "expert_quantization", None)
+    if expert == "mxfp4":
+        return "w4a16_mxfp4"
+    if expert == "int4":
+        return "int4_wo"
+    if dtype == "fp8":
+        return "fp8_block" if getattr(spec, "is_mla", False) else "fp8"
+    return "bfloat16"
+
+
+class MoeKernelDb(KernelDb):
+    """:class:`KernelDb` compiled for a :class:`Layout` and for MLA's ``mla_block`` operator."""
+
+    def __init__(
+        self,
+        model: ModelSource,
+        gpu: str,
+        layout: Layout,
+        dtype: str = "bf16",
+        engine: str = "vllm",
+        engine_version: str | None = None,
+    ) -> None:
+        spec = model.spec
+        if layout.expert_parallel and not spec.is_moe:
+            raise CbsimError(
+                f"--expert-parallel needs a mixture-of-experts model; {spec.name!r} has no experts"
+            )
+        if layout.data_parallel > 1 and not spec.is_moe:
+            raise CbsimError(
+                f"--data-parallel: the data-parallel ranks of a dense model ({spec.name!r}) are "
+                f"independent engines; make the table at --tp {layout.tensor_parallel} without "
+                f"--data-parallel (the scenario's hardware.data_parallel then runs one per rank)"
+            )
+        spec.check_ep(layout.moe_ep)
+        self.layout = layout
+        super().__init__(
+            model, gpu, tp=layout.tensor_parallel, dtype=dtype, engine=engine, engine_version=engine_version
+        )
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        spec, lay = self.model.spec, self.layout
+        kwargs = super().compile_kwargs()
+        if spec.is_mla and self.dtype == "fp8":
+            kwargs["gemm_quant_mode"] = "fp8_block"  # DeepSeek's 128 x 128 weight blocks
+        if spec.is_mla:
+            kwargs["fmha_quant_mode"] = "bfloat16"
+        kwargs["attention_dp_size"] = lay.data_parallel
+        if spec.is_moe:
+            kwargs.update(
+                moe_quant_mode=moe_quant_mode(spec, self.dtype),
+                moe_tp_size=lay.moe_tp,
+                moe_ep_size=lay.moe_ep,
+            )
+        return kwargs
+
+    @staticmethod
+    def is_attention_op(name: str) -> bool:
+        return name.endswith("mla_block") or KernelDb.is_attention_op(name)
+
+    def _check_shape(self) -> None:
+        s, p = self.model.spec, self.parsed
+        if not s.is_mla:
+            return super()._check_shape()
+        # AIConfigurator's parsed `d` is not MLA's head size; the layer count, width, heads and
+        # vocabulary still name the same model
+        for key, mine, theirs in (
+            ("num_layers", s.num_layers, p["layers"]),
+            ("hidden_size", s.hidden_size, p["hidden_size"]),
+            ("num_heads", s.num_heads, p["n"]),
+            ("vocab_size", s.vocab_size, p["vocab"]),
+        ):
+            if mine != theirs:
+                raise CbsimError(
+                    f"model {s.name!r}: {key} is {mine} in cbsim's spec but {theirs} in the config.json "
+                    f"given to the kernel database ({self.model.origin}); they must describe the same "
+                    f"model"
+                )
+        return None
+
+
+MODELLED_MLA = (
+    "MLA: the mla_block operator (projections + attention) is priced per chunk in prefill_attn and per "
+    "decode batch in decode_attn, so in a step with both its projection weights are read twice"
+)
+
+
+def build_table(
+    model: str,
+    gpu: str,
+    layout: Layout,
+    *,
+    dtype: str | None = None,
+    engine: str = "vllm",
+    engine_version: str | None = None,
+    block_size: int = 16,
+    max_num_batched_tokens: int = 16384,
+    max_model_len: int = 32768,
+    max_num_seqs: int = 1024,
+):
+    """:func:`calib.sources.kernel_db.build_table` for a :class:`Layout` (and MLA models)."""
+    from calib.sources.kernel_db import Grids, compose, require_aiconfigurator, resolve_model
+
+    require_aiconfigurator()
+    source = resolve_model(model)
+    if dtype is None:
+        dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
+    db = MoeKernelDb(source, gpu, layout, dtype=dtype, engine=engine, engine_version=engine_version)
+    comp = compose(
+        db, Grids.covering(max_num_batched_tokens, max_model_len, max_num_seqs), block_size=block_size
+    )
+    meta = comp.table.metadata
+    meta["parallel"] = layout.to_metadata()
+    if source.spec.is_mla:
+        prov = meta.setdefault("provenance", {}) or {}
+        modelled = prov.get("modelled")
+        if isinstance(modelled, list):
+            modelled.append(MODELLED_MLA)
+        elif isinstance(modelled, dict):
+            modelled["mla_block"] = MODELLED_MLA
+        else:
+            prov["modelled"] = [modelled, MODELLED_MLA] if modelled else [MODELLED_MLA]
+        meta["provenance"] = prov
+    return comp
+
+
+def takes(model: str, layout: Layout) -> bool:
+    """Whether ``cbsim calibrate --from-kernel-db`` composes through this module: a layout beyond
+    tensor parallelism, an MLA model, or experts in a 4-bit format."""
+    if not layout.is_plain:
+        return True
+    from calib.sources.kernel_db import resolve_model
+
+    spec = resolve_model(model).spec
+    return spec.is_mla or spec.expert_quantization is not None

@@ -1,0 +1,224 @@
+"""Kernel-database tables for MLA/MoE models in wide-EP and attention-DP layouts
+(calib/sources/kernel_db_moe.py), and tables refusing a layout they were not made for (issue #27
+item 6, sim/latency/table.py check_compatible)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sim.errors import CbsimError
+from sim.scenario.resolved import resolve
+from sim.scenario.schema import load_scenario
+
+DSV3 = "deepseek-ai/DeepSeek-V3"
+SGLANG = "0.5.14"  # the h200_sxm SGLang measurements in aiconfigurator-core 0.12.0
+
+
+def _require_aic():
+    try:
+        import aiconfigurator_core  # noqa: F401
+    except ImportError:
+        msg = "aiconfigurator-core is not installed: pip install -e '.[gpu-data]'"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _grids():
+    from calib.sources.kernel_db import Grids
+
+    return Grids(
+        tokens=(1, 64, 512, 1024),
+        sequences=(1, 8, 64),
+        chunk_tokens=(64, 1024),
+        context=(0, 1024),
+        batch=(1, 8, 64),
+        mean_context=(1, 1024),
+    )
+
+
+def _db(layout):
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import MoeKernelDb
+
+    return MoeKernelDb(
+        resolve_model(DSV3), "h200", layout, dtype="fp8", engine="sglang", engine_version=SGLANG
+    )
+
+
+@pytest.fixture(scope="module")
+def dp8():
+    _require_aic()
+    from calib.sources.kernel_db import compose
+    from calib.sources.kernel_db_moe import Layout
+
+    return compose(_db(Layout(1, 8, True)), _grids(), block_size=64)
+
+
+def test_the_layout_is_what_aiconfigurator_compiles():
+    from calib.sources.kernel_db_moe import Layout
+
+    wide = Layout(tensor_parallel=1, data_parallel=8, expert_parallel=True)
+    assert (wide.moe_ep, wide.moe_tp, wide.gpus) == (8, 1, 8)
+    tp_moe = Layout(tensor_parallel=2, data_parallel=4)  # vLLM DP without EP: one 8-way TP group for the MoE
+    assert (tp_moe.moe_ep, tp_moe.moe_tp) == (1, 8)
+    assert wide.to_metadata() == {"data_parallel": 8, "expert_parallel": 8, "moe_tensor_parallel": 1}
+    with pytest.raises(CbsimError, match="--data-parallel must be a positive integer"):
+        Layout(1, 0)
+
+
+def test_dispatch_and_combine_come_from_the_communication_rows(dp8):
+    ops = dp8.ops["linear"][(1024,)]
+    assert {"moe_pre_dispatch", "moe_post_dispatch", "moe", "mla_block"} - set(ops) == {"mla_block"}
+    assert ops["moe_pre_dispatch"].source == "silicon" and ops["moe_pre_dispatch"].seconds > 0
+    assert ops["moe"].source == "silicon"
+    # MLA's block is attention: priced per chunk and context, never inside linear(T)
+    assert (
+        "mla_block" in dp8.ops["prefill_attn"][(1024, 1024)]
+        and "mla_block" in dp8.ops["decode_attn"][(8, 1024)]
+    )
+
+
+def test_dp_ranks_step_together_their_moe_sees_every_ranks_tokens(dp8):
+    """With 8 attention-DP ranks of T tokens each, the experts run 8·T tokens: the same expert-parallel
+    MoE as a tensor-parallel-8 engine running 8·T tokens itself."""
+    from calib.sources.kernel_db_moe import Layout
+
+    tp8 = _db(Layout(8, 1, True))
+    for t in (64, 128):
+        assert dp8.db.linear_ops(t)["moe"].seconds == pytest.approx(
+            tp8.linear_ops(8 * t)["moe"].seconds, rel=1e-9
+        )
+
+
+def test_mla_prefill_costs_more_over_a_cached_prefix(dp8):
+    pf = dp8.ops["prefill_attn"]
+    assert pf[(1024, 1024)]["mla_block"].seconds > pf[(1024, 0)]["mla_block"].seconds
+
+
+def test_the_table_agrees_with_aiconfigurators_own_predictions(dp8):
+    from calib.sources.kernel_db import agreement
+
+    err = agreement(dp8)
+    assert err["mean_abs_rel"] < 0.10, err
+
+
+def _table_scenario(path, dp, ep, tp=1):
+    return load_scenario(
+        {
+            "model": DSV3,
+            "hardware": {
+                "gpu": "h200",
+                "tensor_parallel": tp,
+                "data_parallel": dp,
+                "expert_parallel": ep,
+                "gpu_memory_utilization": 0.9,
+            },
+            "engine": {"block_size": 64, "max_model_len": 4096},
+            "latency": {"backend": "table", "path": str(path)},
+            "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
+        }
+    )
+
+
+def test_a_table_refuses_a_layout_it_was_not_made_for(dp8, tmp_path):
+    from calib.sources.kernel_db_moe import Layout
+    from sim.latency.table_format import read_table, write_table
+
+    dp8.table.metadata["parallel"] = Layout(1, 8, True).to_metadata()
+    write_table(tmp_path / "wide", dp8.table)
+    lat = resolve(_table_scenario(tmp_path / "wide", 8, True)).latency()  # made for it: accepted
+    assert lat.model.is_mla
+    with pytest.raises(CbsimError) as info:  # the same table for 16 DP ranks over 16 expert-parallel GPUs
+        resolve(_table_scenario(tmp_path / "wide", 16, True)).latency()
+    msg = str(info.value)
+    assert (
+        "made for data_parallel 8, experts over 8 expert-parallel GPUs, but the scenario runs data_parallel 16, "
+        "experts over 16 expert-parallel GPUs"
+        in msg
+        and "\n" not in msg
+    )
+    assert (
+        "--from-kernel-db --gpu GPU --model deepseek-ai/DeepSeek-V3 --tp 1 --data-parallel 16 --expert-parallel "
+        "--out DIR" in msg
+    )
+    # a table without `parallel` metadata (every table made before) is the plain TP layout
+    meta = json.loads((tmp_path / "wide" / "metadata.json").read_text())
+    del meta["parallel"]
+    (tmp_path / "wide" / "metadata.json").write_text(json.dumps(meta))
+    assert "parallel" not in read_table(tmp_path / "wide").metadata
+    with pytest.raises(CbsimError, match="made for data_parallel 1, experts TP-sharded, no all-to-all"):
+        resolve(_table_scenario(tmp_path / "wide", 8, True)).latency()
+
+
+def test_bad_parallel_metadata_is_one_error(dp8, tmp_path):
+    from sim.latency.table_format import read_table, write_table
+
+    write_table(tmp_path / "t", dp8.table)
+    meta = json.loads((tmp_path / "t" / "metadata.json").read_text())
+    meta["parallel"] = {"data_parallel": 0}
+    (tmp_path / "t" / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(CbsimError, match="parallel.data_parallel must be a positive integer, got 0"):
+        read_table(tmp_path / "t")
+
+
+def test_cli_composes_a_wide_ep_table_and_says_its_layout(tmp_path):
+    _require_aic()
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    out = tmp_path / "t"
+    res = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--from-kernel-db",
+            "--gpu",
+            "h200",
+            "--model",
+            DSV3,
+            "--engine",
+            "sglang",
+            "--tp",
+            "1",
+            "--data-parallel",
+            "8",
+            "--expert-parallel",
+            "--max-num-batched-tokens",
+            "2048",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "64",
+            "--block-size",
+            "64",
+            "--out",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "data_parallel 8, expert_parallel 8" in " ".join(res.output.split())
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["parallel"] == {"data_parallel": 8, "expert_parallel": 8, "moe_tensor_parallel": 1}
+    assert "mla_block" in meta["provenance"]["modelled"]
+    res = CliRunner().invoke(
+        app, ["calibrate", "--data-parallel", "2", "--model", "tiny", "--out", str(tmp_path / "x")]
+    )
+    assert "--data-parallel and --expert-parallel go with --from-kernel-db" in str(res.exception)
+
+
+def test_layouts_a_model_cannot_have_are_one_error():
+    _require_aic()
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import Layout, MoeKernelDb
+
+    with pytest.raises(CbsimError, match="--expert-parallel needs a mixture-of-experts model"):
+        MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(1, 2, True))
+    with pytest.raises(CbsimError, match="data-parallel ranks of a dense model .* are independent engines"):
+        MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(1, 2, False))
+    with pytest.raises(CbsimError, match="do not divide its 256 experts"):
+        MoeKernelDb(resolve_model(DSV3), "h200", Layout(1, 3, True))

@@ -36,8 +36,14 @@ def limits(backend: str | None, gpu_blocks: int = 40, cpu_blocks: int = 1000, ex
     if backend is not None:
         tiers = (TierSpec("cpu", cpu_blocks, BPS, BPS), *extra)
         off = OffloadConfig(backend, tiers, BLOCK_BYTES)
-    return EngineLimits(block_size=16, num_gpu_blocks=gpu_blocks, max_num_seqs=64, max_num_batched_tokens=4096,
-                        max_model_len=4096, kv_offload=off)
+    return EngineLimits(
+        block_size=16,
+        num_gpu_blocks=gpu_blocks,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        max_model_len=4096,
+        kv_offload=off,
+    )
 
 
 def session_specs() -> list[RequestSpec]:
@@ -61,8 +67,12 @@ def simulate(lim: EngineLimits, specs, fast_forward=True, check=False):
                 pol.kv.tiers.check_invariants()
 
         pol.finish_step = checked
-    sim = Simulation(specs, [(pol, ConstantLatency(STEP, FAKE_MODEL, FAKE_GPU, 1, 16))], lim.max_model_len,
-                     fast_forward=fast_forward)
+    sim = Simulation(
+        specs,
+        [(pol, ConstantLatency(STEP, FAKE_MODEL, FAKE_GPU, 1, 16))],
+        lim.max_model_len,
+        fast_forward=fast_forward,
+    )
     rec = sim.run()
     return rec.requests_frame().set_index("id"), rec.steps_frame(), pol
 
@@ -73,11 +83,14 @@ def prefill_at(steps, at: float) -> int:
     return int(s["prefill_tokens"].iloc[0])
 
 
-@pytest.mark.parametrize("backend,hit_blocks,ttft", [
-    (None, 0, STEP),
-    ("native", 34, 34 / 64 + STEP),  # loaded between steps, computed in the next one
-    ("lmcache", 32, STEP + 32 / 64),  # whole 256-token chunks, loaded on the step
-])
+@pytest.mark.parametrize(
+    "backend,hit_blocks,ttft",
+    [
+        (None, 0, STEP),
+        ("native", 34, 34 / 64 + STEP),  # loaded between steps, computed in the next one
+        ("lmcache", 32, STEP + 32 / 64),  # whole 256-token chunks, loaded on the step
+    ],
+)
 def test_two_turns_with_the_gpu_flushed_between_them(backend, hit_blocks, ttft):
     req, steps, pol = simulate(limits(backend), session_specs())
     assert (req["state"] == "finished").all()
@@ -123,13 +136,26 @@ def test_every_block_is_in_exactly_one_tier_or_free_with_random_sessions(seed):
             history.append((("user", s, k), rng.randint(1, 120)))
             runs = tuple(r for r in history if r[1] > 0)
             out = rng.randint(1, 40)
-            specs.append(RequestSpec(f"s{s}t{k}", t + 3.0 * k, sum(n for _, n in runs), out, out,
-                                     prompt_runs=runs, output_key=("answer", s, k)))
+            specs.append(
+                RequestSpec(
+                    f"s{s}t{k}",
+                    t + 3.0 * k,
+                    sum(n for _, n in runs),
+                    out,
+                    out,
+                    prompt_runs=runs,
+                    output_key=("answer", s, k),
+                )
+            )
             history.append((("answer", s, k), out))
     specs.sort(key=lambda x: x.arrival_s)
     backend = rng.choice(["native", "lmcache"])
-    lim = limits(backend, gpu_blocks=rng.randint(40, 80), cpu_blocks=rng.randint(5, 60),
-                 extra=(TierSpec("disk", rng.randint(5, 60), 1e9, 1e9),))
+    lim = limits(
+        backend,
+        gpu_blocks=rng.randint(40, 80),
+        cpu_blocks=rng.randint(5, 60),
+        extra=(TierSpec("disk", rng.randint(5, 60), 1e9, 1e9),),
+    )
     req, steps, pol = simulate(lim, specs, check=True)
     assert (req["state"] == "finished").all()
     tiers = pol.kv.tiers
@@ -154,27 +180,46 @@ def test_the_fast_forward_stays_exact_with_tiers_on(backend, seed):
     import pandas as pd
 
     pd.testing.assert_frame_equal(a[1], b[1], check_exact=True)
-    pd.testing.assert_frame_equal(a[0].drop(columns="token_times_s"), b[0].drop(columns="token_times_s"),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        a[0].drop(columns="token_times_s"), b[0].drop(columns="token_times_s"), check_exact=True
+    )
     assert a[0]["tier_hit_tokens"].sum() > 0  # the tiers were used
 
 
 def pd_scenario(router="prefix-affinity", **engine) -> dict:
     """One session of two turns (S = 64, n0 = n1 = 50, o0 = 30) on 1P1D or colocated."""
-    scn = {"name": "pd-sessions", "model": "tiny", "hardware": {"gpu": "cpu"},
-           "latency": {"backend": "constant", "step_s": STEP},
-           "engine": {"num_gpu_blocks": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 4096,
-                      "max_model_len": 4096, "block_size": 16, **engine},
-           "workload": {"arrival": {"process": "poisson", "rate": 0.01},
-                        "sessions": {"count": 1, "turns": {"dist": "fixed", "value": 2}, "think_time_s": 2.0,
-                                     "new_tokens": {"dist": "fixed", "value": 50},
-                                     "output_tokens": {"dist": "fixed", "value": 30},
-                                     "system_prompt": {"num_groups": 1, "tokens": 64}}},
-           "policies": [{"name": "vllm-v1"}],
-           "disaggregation": {"prefill": {"replicas": 1, "policy": {"name": "vllm-v1"}},
-                              "decode": {"replicas": 1, "policy": {"name": "vllm-v1"}},
-                              "transfer": {"link": "per-decode", "bandwidth_gbps": 50, "latency_s": 0.001},
-                              "router": router}}
+    scn = {
+        "name": "pd-sessions",
+        "model": "tiny",
+        "hardware": {"gpu": "cpu"},
+        "latency": {"backend": "constant", "step_s": STEP},
+        "engine": {
+            "num_gpu_blocks": 4096,
+            "max_num_seqs": 64,
+            "max_num_batched_tokens": 4096,
+            "max_model_len": 4096,
+            "block_size": 16,
+            **engine,
+        },
+        "workload": {
+            "arrival": {"process": "poisson", "rate": 0.01},
+            "sessions": {
+                "count": 1,
+                "turns": {"dist": "fixed", "value": 2},
+                "think_time_s": 2.0,
+                "new_tokens": {"dist": "fixed", "value": 50},
+                "output_tokens": {"dist": "fixed", "value": 30},
+                "system_prompt": {"num_groups": 1, "tokens": 64},
+            },
+        },
+        "policies": [{"name": "vllm-v1"}],
+        "disaggregation": {
+            "prefill": {"replicas": 1, "policy": {"name": "vllm-v1"}},
+            "decode": {"replicas": 1, "policy": {"name": "vllm-v1"}},
+            "transfer": {"link": "per-decode", "bandwidth_gbps": 50, "latency_s": 0.001},
+            "router": router,
+        },
+    }
     return scn
 
 
@@ -187,9 +232,14 @@ def test_the_prefill_pool_prefix_cache_holds_prompts_not_answers():
 
     res = run(pd_scenario())
     req = res.requests
-    hits = {lb: req[(req["policy"] == lb) & (req["turn"] == 1)]["prefix_hit_tokens"].item() for lb in res.labels}
+    hits = {
+        lb: req[(req["policy"] == lb) & (req["turn"] == 1)]["prefix_hit_tokens"].item() for lb in res.labels
+    }
     assert hits == {"vllm-v1": 128, "1P1D": 112}
-    assert res.summaries["1P1D"]["kv_tiers"] is None and res.summaries["1P1D"]["sessions"]["returning_turns"]["count"] == 1
+    assert (
+        res.summaries["1P1D"]["kv_tiers"] is None
+        and res.summaries["1P1D"]["sessions"]["returning_turns"]["count"] == 1
+    )
 
 
 def test_the_prefill_pool_offloads_and_the_decode_pool_does_not():
@@ -211,12 +261,20 @@ def test_the_prefill_pool_offloads_and_the_decode_pool_does_not():
     assert colocated["blocks_held"] == 13
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"kv_tiers": [{"name": "disk", "capacity_gib": 10, "read_gbps": 6, "write_gbps": 3}]},
-     "engine.kv_tiers: needs engine.kv_offloading_size"),
-    ({"kv_offloading_size": 1e-9}, "engine.kv_offloading_size: 1e-09 GiB holds no KV block"),
-    ({"kv_offloading_size": 1.0, "kv_offloading_backend": "hicache"}, "engine.kv_offloading_backend: expected one of"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            {"kv_tiers": [{"name": "disk", "capacity_gib": 10, "read_gbps": 6, "write_gbps": 3}]},
+            "engine.kv_tiers: needs engine.kv_offloading_size",
+        ),
+        ({"kv_offloading_size": 1e-9}, "engine.kv_offloading_size: 1e-09 GiB holds no KV block"),
+        (
+            {"kv_offloading_size": 1.0, "kv_offloading_backend": "hicache"},
+            "engine.kv_offloading_backend: expected one of",
+        ),
+    ],
+)
 def test_bad_tier_keys_are_one_line_errors(change, message):
     from sim.errors import CbsimError
     from sim.runner import run
@@ -227,10 +285,13 @@ def test_bad_tier_keys_are_one_line_errors(change, message):
         run(scn)
 
 
-@pytest.mark.parametrize("entry,message", [
-    ({"name": "sglang"}, "KV offloading is modelled for vllm-v1 only"),
-    ({"name": "vllm-v1", "enable_prefix_caching": False}, "needs enable_prefix_caching on"),
-])
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ({"name": "sglang"}, "KV offloading is modelled for vllm-v1 only"),
+        ({"name": "vllm-v1", "enable_prefix_caching": False}, "needs enable_prefix_caching on"),
+    ],
+)
 def test_offloading_refuses_policies_it_cannot_serve(entry, message):
     from sim.errors import CbsimError
     from sim.runner import run

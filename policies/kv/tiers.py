@@ -66,15 +66,17 @@ class OffloadConfig:
 
     def store(self, block_size: int) -> TierStore:
         chunk = max(1, LMCACHE_CHUNK_TOKENS // block_size) if self.backend == "lmcache" else 1
-        return TierStore(self.tiers, self.block_bytes, chunk_blocks=chunk,
-                         async_load=self.backend == "native")
+        return TierStore(
+            self.tiers, self.block_bytes, chunk_blocks=chunk, async_load=self.backend == "native"
+        )
 
 
 class TierStore:
     """The lower tiers of one replica: an LRU of block hashes per tier and the traffic counters."""
 
-    def __init__(self, tiers: Iterable[TierSpec], block_bytes: int, chunk_blocks: int = 1,
-                 async_load: bool = True) -> None:
+    def __init__(
+        self, tiers: Iterable[TierSpec], block_bytes: int, chunk_blocks: int = 1, async_load: bool = True
+    ) -> None:
         self.tiers = tuple(tiers)
         if not self.tiers:
             raise ValueError("a tier store needs at least one tier")
@@ -139,7 +141,7 @@ class TierStore:
                 break
             found.append(t)
         if self.chunk_blocks > 1:
-            del found[len(found) - len(found) % self.chunk_blocks:]
+            del found[len(found) - len(found) % self.chunk_blocks :]
         return found
 
     def touch(self, hashes: Iterable[int]) -> None:
@@ -170,7 +172,9 @@ class TierStore:
         for t, lru in enumerate(self._lru):
             assert len(lru) <= self.tiers[t].capacity_blocks, f"tier {self.tiers[t].name} over capacity"
             for h in lru:
-                assert self._where.get(h) == t, f"block {h} listed in tier {t} but placed in {self._where.get(h)}"
+                assert self._where.get(h) == t, (
+                    f"block {h} listed in tier {t} but placed in {self._where.get(h)}"
+                )
             seen += len(lru)
         assert seen == len(self._where), "a hash is in two tiers or in none it is placed in"
         # every block written into tier t is still there, demoted to t + 1, or (last) dropped

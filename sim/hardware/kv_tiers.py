@@ -31,12 +31,20 @@ def offload_config(engine, model: ModelSpec, gpu: GPUSpec, tp: int) -> OffloadCo
     def blocks(gib: float, key: str) -> int:
         n = int(int(gib * GIB) // per_block)
         if n < 1:
-            raise ScenarioError(f"engine.{key}: {gib:g} GiB holds no KV block of {per_block:,} bytes; raise it")
+            raise ScenarioError(
+                f"engine.{key}: {gib:g} GiB holds no KV block of {per_block:,} bytes; raise it"
+            )
         return n
 
     link = gpu.pcie_bandwidth * tp
     tiers = [TierSpec("cpu", blocks(engine.kv_offloading_size, "kv_offloading_size"), link, link)]
     for i, t in enumerate(engine.kv_tiers):
-        tiers.append(TierSpec(t.name, blocks(t.capacity_gib, f"kv_tiers[{i}].capacity_gib"),
-                              t.read_gbps * GB, t.write_gbps * GB))
+        tiers.append(
+            TierSpec(
+                t.name,
+                blocks(t.capacity_gib, f"kv_tiers[{i}].capacity_gib"),
+                t.read_gbps * GB,
+                t.write_gbps * GB,
+            )
+        )
     return OffloadConfig(engine.kv_offloading_backend, tuple(tiers), int(round(per_block)))

@@ -43,7 +43,10 @@ def returning_turn_ttft(requests: pd.DataFrame) -> dict | None:
     first, later = done[done["turn"] == 0]["ttft_s"], done[done["turn"] >= 1]["ttft_s"]
 
     def stats(x):
-        return {"count": int(x.size), "ttft_p50_s": float(x.median()) if x.size else None,
-                "ttft_mean_s": float(x.mean()) if x.size else None}
+        return {
+            "count": int(x.size),
+            "ttft_p50_s": float(x.median()) if x.size else None,
+            "ttft_mean_s": float(x.mean()) if x.size else None,
+        }
 
     return {"first_turn": stats(first), "returning_turns": stats(later)}

@@ -47,18 +47,23 @@ def plot_kv_tiers(result) -> Figure | None:
             mids = (edges[:-1] + edges[1:]) / 2
             for (name, color), w in zip(SOURCES, parts):
                 per_s = np.histogram(t, bins=edges, weights=w)[0] / width
-                ax.fill_between(mids, base, base + per_s, step="mid", color=color, alpha=0.75, lw=0,
-                                label=name)
+                ax.fill_between(
+                    mids, base, base + per_s, step="mid", color=color, alpha=0.75, lw=0, label=name
+                )
                 base = base + per_s
             total = prompt.sum() or 1.0
-            ax.set_title(f"{label}: {100 * parts[2].sum() / total:.0f}% of prompt tokens from the tiers, "
-                         f"{100 * parts[1].sum() / total:.0f}% GPU cache", loc="left", fontsize=10.5)
+            ax.set_title(
+                f"{label}: {100 * parts[2].sum() / total:.0f}% of prompt tokens from the tiers, "
+                f"{100 * parts[1].sum() / total:.0f}% GPU cache",
+                loc="left",
+                fontsize=10.5,
+            )
         for r_ in range(rows):
             axes[r_ * cols].set_ylabel("prompt tokens / s")
-        for ax in axes[max(0, len(labels) - cols):len(labels)]:
+        for ax in axes[max(0, len(labels) - cols) : len(labels)]:
             ax.set_xlabel("simulated time (s, at admission)")
             ax.xaxis.set_tick_params(labelbottom=True)
-        for ax in axes[len(labels):]:
+        for ax in axes[len(labels) :]:
             ax.set_visible(False)
         handles, names = axes[0].get_legend_handles_labels()
         fig.legend(handles, names, loc="outside lower center", ncols=len(names))

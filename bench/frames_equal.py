@@ -12,7 +12,7 @@ Cases (what each exercises):
 * ``mooncake-prefix``: the first 510 s (1,500 requests) of the Mooncake conversation trace (hash ids: real
   shared prefixes) on a small KV pool, vllm-v1 and SGLang: prefix hits, evictions, preemptions.
 * ``memory-pressure``: ``scenarios/memory_pressure.yaml`` (vllm-v0 recompute and swap, vllm-v1).
-* ``engines``: ``scenarios/engines.yaml`` (vllm-v1, SGLang, TGI; 8 shared system prompts).
+* ``engines``: ``scenarios/engines.yaml`` (vllm-v1, SGLang, TGI, TensorRT-LLM; 8 shared system prompts).
 
 Usage::
 

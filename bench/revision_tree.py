@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,8 @@ def resolve(rev: str) -> str:
 def revision_tree(rev: str) -> Iterator[Path]:
     """Yield a folder holding ``rev``'s files (a detached worktree), removed afterwards."""
     commit = resolve(rev)
+    # a `kill` (SIGTERM) unwinds through the cleanup below instead of leaving the worktree behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parent = Path(tempfile.mkdtemp(prefix="cbsim-rev-"))
     tree = parent / commit[:10]
     subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), commit], cwd=REPO, check=True,

@@ -448,32 +448,26 @@ class VllmV1Policy(Policy):
         kv = self.kv
         B = kv.block_size
         last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
-        context = []
-        edge = []
+        # every running request one decode away (all its tokens computed but the last), with room
+        context = [r.num_computed_tokens for r in running]
+        if context != [r.prompt_tokens + r.num_output_tokens - 1 for r in running] or max(context) >= last:
+            return None
         fills = []
         if kv.enable_caching:
             states = kv.request_states()
-            for r in running:
-                c = r.num_computed_tokens
-                if c != r.prompt_tokens + r.num_output_tokens - 1 or c >= last:
-                    return None
-                context.append(c)
-                st = states[r]
-                if c >= len(st.blocks) * B:
-                    edge.append(r)  # needs a block
-                elif (c + 1) // B > st.num_cached_blocks:
-                    if st.num_cached_blocks >= st.shared:
-                        fills.append((st, (c + 1) // B))  # fills one of its own: registered by count
-                    else:
-                        edge.append(r)  # fills one that gets hashed and registered
+            sts = [states[r] for r in running]
+            # at the end of its block table (needs a block) or about to fill a block not yet registered
+            marked = [i for i, (st, c) in enumerate(zip(sts, context))
+                      if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks]
+            edge = []
+            for i in marked:
+                st, c = sts[i], context[i]
+                if c < len(st.blocks) * B and st.num_cached_blocks >= st.shared:
+                    fills.append((st, (c + 1) // B))  # fills one of its own: registered by count
+                else:
+                    edge.append(running[i])  # needs a block, or fills one that gets hashed and registered
         else:
-            for r in running:
-                c = r.num_computed_tokens
-                if c != r.prompt_tokens + r.num_output_tokens - 1 or c >= last:
-                    return None
-                context.append(c)
-                if c % B == 0:
-                    edge.append(r)  # may need a new block
+            edge = [r for r, c in zip(running, context) if c % B == 0]  # may need a new block
         if edge:
             if kv.decode_blocks_needed(edge, 1) > kv.num_free_blocks:
                 return None  # someone may be preempted: the request-by-request pass decides

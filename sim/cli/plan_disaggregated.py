@@ -29,7 +29,8 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
 
     reporter = SearchProgress(console, f"planning xPyD splits for {target_rate:g} req/s")
     p = plan_disaggregated(scn, target_rate, tp_choices=parse_tp(tp), max_instances=max_replicas,
-                           policies=policies or None, jobs=workers or DEFAULT_JOBS, reporter=reporter)
+                           policies=policies or None, jobs=DEFAULT_JOBS if workers is None else workers,
+                           reporter=reporter)
     price = scn.cost_per_gpu_hour
     dis = scn.disaggregation
     gpu = {pool: str((getattr(dis, pool).hardware or scn.hardware).gpu) for pool in ("prefill", "decode")}

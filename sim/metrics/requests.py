@@ -29,6 +29,7 @@ class RequestRecord:
         "finish_s",
         "state",
         "reason",
+        "refused",
         "req",
         # engine bookkeeping: the token count that ends the request, and the token-time runs
         "finish_at",
@@ -39,13 +40,13 @@ class RequestRecord:
         "_generated",
         "_preemptions",
         "_swaps",
+        "shareable",
         # speculative decoding: steps that verified drafts, drafts proposed and accepted, and the
         # request's own acceptance draws (sim.speculative.acceptance)
         "spec_steps",
         "spec_proposed",
         "spec_accepted",
         "spec_rng",
-        "shareable",
         # KV tiers below the GPU (policies.kv.tiers): tokens loaded from them, seconds of copying
         "tier_hit_tokens",
         "kv_load_s",
@@ -60,6 +61,7 @@ class RequestRecord:
         self.finish_s = float("nan")
         self.state = "unfinished"
         self.reason = ""
+        self.refused = False  # rejected for the load at the time (policies.base.Request.refused)
         self.req: Request | None = None
         self.finish_at = 0
         self.run_step = 0  # replica step of the current run's first token
@@ -69,11 +71,11 @@ class RequestRecord:
         self._generated = 0
         self._preemptions = 0
         self._swaps = 0
+        self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
         self.spec_steps = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_rng = None
-        self.shareable: int | None = None  # Request.shareable_tokens (sim.workload.sharing)
         self.tier_hit_tokens = 0
         self.kv_load_s = 0.0
         self.prefix_hit_tokens = 0  # prompt tokens not computed at admission: GPU and tier hits
@@ -114,6 +116,8 @@ class RequestRecord:
         scheduler state go."""
         self.state = state
         self.reason = reason
+        if state == "rejected" and self.req is not None:
+            self.refused = bool(self.req.refused)
         self.release()
 
     def break_run(self, step: int, token: int) -> None:

@@ -39,6 +39,8 @@ def all_end_times(replicas) -> np.ndarray:
     """Every replica's step end times, laid end to end in replica order."""
     if not replicas:
         return np.zeros(0)
+    if len(replicas) == 1:
+        return replicas[0].end_times()  # a view of the buffer: callers only read it
     return np.concatenate([s.end_times() for s in replicas])
 
 
@@ -84,6 +86,8 @@ def itl_stats_from_runs(replicas, records) -> dict:
     keep = weight > 0
     values = np.concatenate([gaps[keep], np.asarray(cross, dtype=np.float64)])
     weights = np.concatenate([weight[keep], np.ones(len(cross), dtype=np.int64)])
+    # step-sized temporaries go before the sort's own: a long run's peak memory is here
+    del starts, lengths, counts, ends, weight, gaps, cross, keep, long_runs
     return weighted_stats(values, weights, PERCENTILES)
 
 
@@ -92,10 +96,11 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray, percentiles) -> dict
     n = int(weights.sum()) if len(weights) else 0
     if n == 0:
         return {"mean": None, **{f"p{p}": None for p in percentiles}}
+    out = {"mean": float(np.dot(values, weights.astype(np.float64)) / n)}
     order = np.argsort(values, kind="stable")
     v = values[order]
     cum = np.cumsum(weights[order])
-    out = {"mean": float(np.dot(values, weights.astype(np.float64)) / n)}
+    del order
 
     def nth(i: int) -> np.float64:  # the i-th smallest element (0-based) of the multiset
         return v[int(np.searchsorted(cum, i, side="right"))]

@@ -53,10 +53,7 @@ def plan_cmd(
         if is_closed_loop(scn) or target_rate is None:
             raise CbsimError("--disaggregated plans an open-loop --target-rate; closed-loop clients "
                              "(workload.arrival.process: closed) are planned without --disaggregated")
-        if seeds != 1:
-            console.print(f"[yellow]note:[/] --disaggregated judges every layout at the scenario's seed {scn.seed} "
-                          f"only; --seeds {seeds} applies to colocated plans", highlight=False)
-        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, workers)
+        print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, workers, seeds)
         return
     closed = is_closed_loop(scn)
     load = (f"{target_concurrency or scn.workload.arrival.concurrency} closed-loop clients" if closed

@@ -20,7 +20,9 @@ def parse_tp(text: str | None) -> list[int] | None:
 
 
 def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int, tp: str | None,
-                             policies, json_out, workers: int | None = None) -> None:
+                             policies, json_out, workers: int | None = None, seeds: int = 1) -> None:
+    """The plan's table and notes; with ``seeds`` > 1 a ``spread`` column and a seeds line (with
+    ``seeds`` = 1 neither, as before seeds were judged here)."""
     from rich.table import Table
 
     from sim.cli import search_options as shared
@@ -31,7 +33,7 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
     reporter = SearchProgress(console, f"planning xPyD splits for {target_rate:g} req/s")
     p = plan_disaggregated(scn, target_rate, tp_choices=parse_tp(tp), max_instances=max_replicas,
                            policies=policies or None, jobs=DEFAULT_JOBS if workers is None else workers,
-                           reporter=reporter)
+                           reporter=reporter, seeds=seeds)
     price = scn.cost_per_gpu_hour
     dis = scn.disaggregation
     gpu = {pool: str((getattr(dis, pool).hardware or scn.hardware).gpu) for pool in ("prefill", "decode")}
@@ -41,6 +43,8 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
     if price is not None:
         cols += ["cost/h", "cost/1M req"]
     cols += ["p99 TTFT s", "p99 TPOT ms"]
+    if seeds > 1:
+        cols.append(f"spread over {seeds} seed(s)")
     for c in cols:
         t.add_column(c, justify="left" if c == "layout" else "right")
 
@@ -57,24 +61,28 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
         ttft, tpot = d.get("ttft_s"), d.get("tpot_s")
         return ["-" if ttft is None else f"{ttft:.3g}", "-" if tpot is None else f"{tpot * 1e3:.3g}"]
 
+    def spread(d):
+        return [shared.spread_text(d)] if seeds > 1 else []
+
     b = p.best
     if b is None:
         t.add_row("disaggregated", f"> {p.max_instances}P{p.max_instances}D", "-", "-", "no",
-                  *money(None), "-", "-")
+                  *money(None), "-", "-", *spread(None))
     else:
         t.add_row("disaggregated", p.split, f"{b.prefill_tp} / {b.decode_tp}", str(b.gpus), "yes",
-                  *money(b.gpus), *p99(b.p99))
+                  *money(b.gpus), *p99(b.p99), *spread(b.spread))
     for label, c in p.colocated.items():
         if c["replicas"] is None:
             t.add_row(f"{label}, cheapest", f"> {c['max_replicas']}", "-", "-", "no",
-                      *money(None), "-", "-")
+                      *money(None), "-", "-", *spread(None))
         else:
             t.add_row(f"{label}, cheapest", str(c["replicas"]), str(c["tensor_parallel"]),
-                      str(c["gpus"]), "yes", *money(c["gpus"]), *p99(c["p99"]))
+                      str(c["gpus"]), "yes", *money(c["gpus"]), *p99(c["p99"]), *spread(c["spread"]))
         same = c["same_gpus"]
         if same is not None:
             t.add_row(f"{label}, same GPUs", str(same["replicas"]), str(same["tensor_parallel"]),
-                      str(same["gpus"]), "yes" if same["met"] else "NO", *money(same["gpus"]), *p99(same["p99"]))
+                      str(same["gpus"]), "yes" if same["met"] else "NO", *money(same["gpus"]), *p99(same["p99"]),
+                      *spread(same["spread"]))
     show_table(console, t)
     for label, c in p.colocated.items():
         same = c["same_gpus"]
@@ -94,6 +102,16 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
         console.print(f"[yellow]note:[/] the verdict of {shaky} still changed between the two largest probe sizes "
                       "(up to 32 × workload.num_requests): uncertain there; raise workload.num_requests",
                       highlight=False)
+    for x in p.probes:  # layouts that one seed failed and another passed: near the SLO edge
+        name = f"{x.prefill}P{x.decode}D" if x.decode else f"{x.prefill} × TP{x.prefill_tp} colocated"
+        bound = getattr(scn.slo, x.spread["metric"], None) if x.spread else None
+        for n in shared.spread_notes(name, x.spread, bound):
+            console.print(f"[yellow]note:[/] {n}", highlight=False)
+    if seeds > 1:
+        console.print(f"seeds: every layout judged at seeds {scn.seed}-{scn.seed + seeds - 1} and met only when every "
+                      f"seed met (saturation bursts at seed {scn.seed}); spread = the binding percentile's min-max "
+                      f"over them; p99 figures of the first seed that missed, else of seed {scn.seed}",
+                      highlight=False, soft_wrap=True)
     console.print(f"{p.runs} runs; every layout shown was simulated at {target_rate:g} req/s and judged in steady state "
                   "(requests arriving after warm-up and before drain; probe sizes doubled from workload.num_requests "
                   "until two agree; a load at or above the layout's saturated throughput violates). GPUs = instances "

@@ -37,6 +37,15 @@ layout's saturation burst starts when the layout is judged, beside its runs, ins
 them. Results are merged in the order a sequential search judges them, so the plan, its
 ``probes`` and ``runs`` are the same for every ``jobs``.
 
+Seeds. With ``seeds`` = K every layout, xPyD and colocated, is judged at the scenario's seed and
+the K − 1 after it and meets only when each does (:func:`sim.planning.probe.judge_seeds`, as
+``cbsim plan`` and ``cbsim capacity``); its ``spread`` states the binding percentile's min and
+max over them, and its ``p99`` figures are those of the first seed that failed (else of the
+scenario's own seed). Saturation bursts run at the scenario's seed only, as in ``cbsim plan``
+(the bound is one measured throughput, not a per-seed verdict; its lengths do vary with the seed,
+so a layout just below it at one seed may be just above it at another). K seeds cost K times the
+runs, the bursts excepted.
+
 Cost. GPUs × ``cost_per_gpu_hour`` per hour of traffic, and per million requests
 ``GPUs × price / (3600 · R) × 10⁶`` (as :mod:`sim.planning.plan`); the pools may have GPUs of
 different kinds, all priced at ``cost_per_gpu_hour``.
@@ -71,6 +80,7 @@ class Layout:
     saturated_rps: float | None = None  # that throughput (per replica when colocated), when measured
     stable: bool = True  # the verdict agreed between two probe sizes in a row
     probe_requests: int | None = None  # requests in the run whose verdict was used
+    spread: dict | None = None  # with seeds > 1: the binding percentile's min and max over them
     summary: dict = field(default_factory=dict, repr=False)
 
 
@@ -89,6 +99,7 @@ class DisaggPlan:
     probes: list[Layout] = field(default_factory=list)
     colocated: dict[str, dict] = field(default_factory=dict)  # policy label -> comparison
     stable: bool = True  # every layout's verdict agreed between two probe sizes in a row
+    seeds: int = 1  # workload seeds judged for every layout (each must meet)
 
     @property
     def split(self) -> str | None:
@@ -121,8 +132,8 @@ class _Verdicts:
     """Judges layouts once each (:func:`sim.planning.probe.judge_saturation_last`), keeps them in
     judging order, and counts the simulations."""
 
-    def __init__(self, scn, rate: float, pool=None) -> None:
-        self.scn, self.rate = scn, rate
+    def __init__(self, scn, rate: float, pool=None, seeds: int = 1) -> None:
+        self.scn, self.rate, self.seeds = scn, rate, seeds
         self.seen: dict[tuple, Layout] = {}
         self.order: list[Layout] = []
         self.saturation: dict[tuple, float | None] = {}
@@ -172,7 +183,8 @@ class _Verdicts:
         sat_key = key if key[0] == "d" else ("c", label, key[3])
         if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
             self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
-        v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label))
+        v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label),
+                                  self.seeds)
         self.runs += v.runs
         summary = v.summary
         steady = summary.get("steady") or {}
@@ -181,6 +193,7 @@ class _Verdicts:
         layout.saturated_rps = self.saturation.get(sat_key)
         layout.p99 = percentile_of(figures, scn.slo) if figures else dict.fromkeys(SLO_METRICS)
         layout.probe_requests = summary.get("requests_total")
+        layout.spread = v.spread
         layout.summary = summary
         self.seen[key] = layout
         self.order.append(layout)
@@ -208,11 +221,11 @@ def _burst_in_worker(scn, label: str) -> float | None:
     return saturated_rate(scn, label)[0]
 
 
-def _cheapest_in_worker(scn, rate: float, label: str, tps: list[int], max_replicas: int) -> tuple:
+def _cheapest_in_worker(scn, rate: float, label: str, tps: list[int], max_replicas: int, seeds: int) -> tuple:
     """One colocated policy's cheapest-layout search in a worker process: what it judged, for
     :meth:`_Verdicts.merge`."""
     silence()
-    v = _Verdicts(scn, rate)
+    v = _Verdicts(scn, rate, seeds=seeds)
     cheapest_colocated(v, label, tps, max_replicas)
     return v.seen, v.order, v.saturation, v.runs
 
@@ -264,13 +277,14 @@ DEFAULT_JOBS = 2
 def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = (),
                        tp_choices: Iterable[int] | None = None, max_instances: int = DEFAULT_MAX_INSTANCES,
                        policies: Iterable[str] | None = None, jobs: int = DEFAULT_JOBS,
-                       reporter=None) -> DisaggPlan:
+                       reporter=None, seeds: int = 1) -> DisaggPlan:
     """The plan (module docstring). ``tp_choices``: TP sizes tried for each pool and for the
     colocated layouts (default: the pools' own and the scenario's ``hardware.tensor_parallel``).
     ``jobs``: worker processes beside this one (1: everything here, one run at a time).
+    ``seeds``: workload seeds judged for every layout, each of which must meet (module docstring).
     ``reporter``: a ``sim.planning.progress.Reporter`` (and context manager) to show the probes;
     it starts after the workers are forked."""
-    from sim.planning.capacity import labels_of, require_rate, require_slo
+    from sim.planning.capacity import check_seeds, labels_of, require_rate, require_slo
     from sim.scenario.schema import load_scenario
 
     if not target_rate > 0:
@@ -283,6 +297,7 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
                          "(see scenarios/disaggregation.yaml), or --set 'disaggregation={}'")
     require_slo(scn, "plan")
     require_rate(scn, "plan")
+    check_seeds(seeds)
     dis = scn.disaggregation
     if tp_choices is None:
         own = [(getattr(dis, p).hardware or scn.hardware).tensor_parallel for p in ("prefill", "decode")]
@@ -299,8 +314,9 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
     labels = labels_of(scn, policies)
     rate = float(target_rate)
     with _worker_pool(jobs) as pool, (reporter or contextlib.nullcontext()), reporting(reporter):
-        v = _Verdicts(scn, rate, pool)
-        searches = {label: pool.apply_async(_cheapest_in_worker, (scn, rate, label, colocated_tps, max_instances))
+        v = _Verdicts(scn, rate, pool, seeds)
+        searches = {label: pool.apply_async(_cheapest_in_worker, (scn, rate, label, colocated_tps, max_instances,
+                                                                  seeds))
                     for label in labels} if pool is not None else {}
         best = None
         for tp_p, tp_d in pairs:
@@ -319,7 +335,7 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
     return DisaggPlan(label=dis.name, target_rate_rps=float(target_rate), best=best, max_instances=max_instances,
                       cost_per_gpu_hour=scn.cost_per_gpu_hour, cost_per_hour=per_hour,
                       cost_per_million_requests=per_million, runs=v.runs, probes=list(v.order),
-                      colocated=colocated, stable=all(layout.stable for layout in v.order))
+                      colocated=colocated, stable=all(layout.stable for layout in v.order), seeds=seeds)
 
 
 def compare_colocated(v: _Verdicts, label: str, tps: list[int], best: Layout | None, max_replicas: int,
@@ -331,6 +347,7 @@ def compare_colocated(v: _Verdicts, label: str, tps: list[int], best: Layout | N
            "tensor_parallel": cheapest.prefill_tp if cheapest else None,
            "gpus": cheapest.gpus if cheapest else None,
            "p99": cheapest.p99 if cheapest else None,
+           "spread": cheapest.spread if cheapest else None,
            "max_replicas": max_replicas, "same_gpus": None}
     price, rate = None, v.rate
     price = v.scn.cost_per_gpu_hour
@@ -342,7 +359,8 @@ def compare_colocated(v: _Verdicts, label: str, tps: list[int], best: Layout | N
             same = v.colocated(label, n, tp)
             out["same_gpus"] = {"replicas": n, "tensor_parallel": tp, "gpus": same.gpus, "met": same.met,
                                 "p99": same.p99, "violations": {} if same.met else violations(same.p99, slo),
-                                "saturated": same.saturated, "saturated_rps": same.saturated_rps}
+                                "saturated": same.saturated, "saturated_rps": same.saturated_rps,
+                                "spread": same.spread}
     return out
 
 

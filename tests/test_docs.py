@@ -163,7 +163,7 @@ _NOT_YET = {"accuracy-corpus.md": "being edited in another branch (issue 28): it
 
 def untested_commands(page: Path) -> list[str]:
     """The command lines a page shows where test_every_example_runs never runs them: in a fence of
-    another language (or none), in an indented block, in a skipped block without its reason."""
+    another language (or none), or in an indented block."""
     out, fence, lines = [], None, page.read_text(encoding="utf-8").splitlines()
     for i, line in enumerate(lines, 1):
         m = _FENCE.match(line) if fence is None else None
@@ -188,6 +188,21 @@ def test_every_command_shown_is_tested(page):
         f"commands shown outside a tested block: {bad}; put them in a ```console (``$ `` lines) "
         "or ```sh fence, with <!-- doctest: set/sub/fails/skip REASON --> as needed"
     )
+
+
+def test_untested_commands_finds_what_no_test_runs(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "cbsim answers a question (prose).\n\n```\n$ cbsim run a.yaml\nout\n```\n\n"
+        "    cbsim plan b.yaml\n\n```text\npython bench/sim_speed.py\n```\n\n"
+        "```console\n$ cbsim run c.yaml\n```\n\n```sh\ncbsim sweep d.yaml\n```\n",
+        encoding="utf-8",
+    )
+    assert [x.split(": ", 1)[1] for x in untested_commands(page)] == [
+        "$ cbsim run a.yaml",
+        "cbsim plan b.yaml",
+        "python bench/sim_speed.py",
+    ]
 
 
 def _console_commands(text: str) -> str:

@@ -219,6 +219,23 @@ def test_vectorized_decodes_equal_step_by_step_pricing():
             assert (secs[j - 1], flops[j - 1], bytes_[j - 1]) == pytest.approx((t, f, b), rel=1e-12)
 
 
+def test_scalar_decode_step_time_is_the_same_float_as_price():
+    # the fast-forward's bound on a stretch (DecodePricer.first_step_time) must be the step's own
+    # time to the last bit, on a dense model, an MoE model and tensor parallelism (communication)
+    for model, gpu in (("llama-3-8b", "h200"), ({"hf_config": str(CONFIGS / "mixtral-8x7b.json")}, "h200"),
+                       ("llama-3-8b", "h100-sxm")):
+        lat = roofline(model, gpu=gpu)
+        for b, ctx in ((1, 1), (3, 517), (16, 300), (200, 4097)):
+            plan = StepPlan(scheduled=list(range(b)), num_new_tokens=[1] * b, context=[ctx] * b)
+            t, _f, _b = lat.price(step_shape(plan), plan)
+            assert lat.decode_step_time(b, b * (ctx + 1)) == t
+            assert lat.decode_step_time(b, b * (ctx + 1)) == lat.price_decodes(b, b * ctx, 1)[0][0]
+    tp = resolve(load_scenario({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm", "tensor_parallel": 4},
+                                "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})).latency()
+    plan = StepPlan(scheduled=list(range(7)), num_new_tokens=[1] * 7, context=[900] * 7)
+    assert tp._ar_fixed > 0 and tp.decode_step_time(7, 7 * 901) == tp.price(step_shape(plan), plan)[0]
+
+
 def test_sliding_window_layers_read_at_most_their_window():
     lat = roofline({"hf_config": str(CONFIGS / "mistral-7b-v0.1.json")})
     full = roofline("mistral-7b")  # the same shapes without the window

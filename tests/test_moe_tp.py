@@ -227,13 +227,17 @@ def test_scalar_decode_step_time_is_the_same_float_as_price():
         lat = roofline(model, gpu=gpu)
         for b, ctx in ((1, 1), (3, 517), (16, 300), (200, 4097)):
             plan = StepPlan(scheduled=list(range(b)), num_new_tokens=[1] * b, context=[ctx] * b)
-            t, _f, _b = lat.price(step_shape(plan), plan)
+            shape = step_shape(plan)
+            t, f, by, _comm = lat.breakdown(shape, plan)  # the general sums, operator by operator
+            assert lat.price(shape, plan) == lat.decode_step(b, b * (ctx + 1)) == (t, f, by)
             assert lat.decode_step_time(b, b * (ctx + 1)) == t
-            assert lat.decode_step_time(b, b * (ctx + 1)) == lat.price_decodes(b, b * ctx, 1)[0][0]
+            secs, flops, bytes_ = lat.price_decodes(b, b * ctx, 1)
+            assert (secs[0], flops[0], bytes_[0]) == (t, f, by)
     tp = resolve(load_scenario({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm", "tensor_parallel": 4},
                                 "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})).latency()
     plan = StepPlan(scheduled=list(range(7)), num_new_tokens=[1] * 7, context=[900] * 7)
-    assert tp._ar_fixed > 0 and tp.decode_step_time(7, 7 * 901) == tp.price(step_shape(plan), plan)[0]
+    shape = step_shape(plan)
+    assert tp._ar_fixed > 0 and tp.price(shape, plan) == tp.breakdown(shape, plan)[:3]
 
 
 def test_sliding_window_layers_read_at_most_their_window():

@@ -267,9 +267,9 @@ class PagedKVManager:
             st.tag = -(self._tags << 32)
         tag, bh, blocks = st.tag, self.pool.block_hash, st.blocks
         lo, hi = st.shared, st.num_cached_blocks
-        if not keep:
-            for i in range(lo, hi):
-                bh[blocks[i]] = tag - i
+        if not keep:  # block i gets tag - i
+            for b, t in zip(blocks[lo:hi], range(tag - lo, tag - hi, -1)):
+                bh[b] = t
             return
         own = st.own
         if own is None:

@@ -114,6 +114,10 @@ class RooflineLatency(LatencyModel):
 
     # --- one step -----------------------------------------------------------------------------
     def price(self, shape, plan=None):
+        b = shape.num_tokens
+        if (b and b == shape.decode_tokens == shape.num_seqs and not shape.spec_tokens
+                and not shape.padding_tokens and shape.kv_tokens_read == shape.decode_ctx and not self._sliding):
+            return self.decode_step(b, shape.decode_ctx)  # a pure-decode step: the same sums, fewer of them
         t, flops, bytes_, _ = self.breakdown(shape, plan)
         return t, self.useful_flops(shape, flops), bytes_
 
@@ -252,15 +256,21 @@ class RooflineLatency(LatencyModel):
         fixed = self._fixed_by_b[b] = (fixed_t, fixed_f, fixed_b, comm)
         return fixed
 
-    def decode_step_time(self, b: int, context: int) -> float:
-        """Seconds of one pure-decode step of ``b`` sequences reading ``context`` keys in all (their
-        contexts plus their new tokens): :meth:`price`'s time of that step, the same float, as
-        the first step of :meth:`price_decodes` (the fast-forward's cheap bound on a stretch)."""
-        fixed_t, _f, _b, comm = self._decode_fixed(b)
+    def decode_step(self, b: int, context: int) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of one pure-decode step of ``b`` sequences reading ``context``
+        keys in all (their contexts plus their new tokens, a StepShape's ``decode_ctx``): the same
+        floats :meth:`breakdown` sums for that step, in its order, and the first step of
+        :meth:`price_decodes`."""
+        fixed_t, fixed_f, fixed_b, comm = self._decode_fixed(b)
         d = float(context)
         af = self._decode_pair_flops * d
         ab = self._kv_layer * self.model.num_layers * d + self._kv_write_per_token * b
-        return fixed_t + max(af / self.compute_rate, ab / self.memory_rate) + comm + self.overhead_s
+        t = fixed_t + max(af / self.compute_rate, ab / self.memory_rate)
+        return t + comm + self.overhead_s, fixed_f + af, fixed_b + ab
+
+    def decode_step_time(self, b: int, context: int) -> float:
+        """The seconds of :meth:`decode_step` (the fast-forward's cheap bound on a stretch)."""
+        return self.decode_step(b, context)[0]
 
     def price_decodes(self, b: int, context: int, k: int):
         """Seconds, FLOPs and bytes of ``k`` consecutive decode steps of ``b`` sequences whose

@@ -60,6 +60,7 @@ class Request:
         "num_preemptions",
         "num_swaps",
         "reject_reason",
+        "refused",
         "seq",
         "policy_state",
         "shareable_tokens",
@@ -90,6 +91,9 @@ class Request:
         self.num_preemptions = 0
         self.num_swaps = 0
         self.reject_reason: str | None = None
+        # rejected because of the load at the time (TGI's HTTP 429), not because of the request
+        # itself: verdicts count such a request as infinitely late (sim.metrics.summary)
+        self.refused = False
         self.seq = seq  # arrival order, for stable tie-breaking
         self.policy_state: Any = None  # free slot for a policy's per-request bookkeeping
         self.shareable_tokens = shareable_tokens  # content from here on is this request's own
@@ -197,7 +201,8 @@ class Policy:
     KNOBS: ClassVar[dict[str, Knob]] = {}
     uses_token_budget: ClassVar[bool] = True
     # whose arithmetic sizes the KV pool when the scenario does not pin it: "vllm"
-    # (sim/hardware/kv_capacity.py) or "trtllm" (sim/hardware/trtllm_kv.py)
+    # (sim/hardware/kv_capacity.py), "trtllm" (sim/hardware/trtllm_kv.py), "sglang"
+    # (mem_fraction_static) or "tgi" (its warm-up): sim/hardware/engine_memory.py
     kv_sizing: ClassVar[str] = "vllm"
     # where max_num_seqs / max_num_batched_tokens come from when the scenario leaves them unset
     engine_defaults_source: ClassVar[str] = (
@@ -261,8 +266,12 @@ class Policy:
 
     @property
     def max_slots(self) -> int:
-        """The denominator of slot utilization."""
+        """The denominator of slot utilization (the most requests it runs at once)."""
         return self.limits.max_num_seqs
+
+    def kv_tokens_total(self) -> int:
+        """The KV pool in tokens (the same unit for every policy, whatever its block or page)."""
+        return self.kv_blocks_total() * self.limits.block_size
 
     @property
     def token_budget(self) -> int | None:

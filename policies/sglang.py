@@ -39,10 +39,13 @@ sgl-project/sglang's ``schedule_policy.py``, ``mem_cache/prefill_budget.py`` and
    output (``cache_finished_req``); finished and retracted requests leave their prefix evictable.
 
 The KV pool is ``engine.num_gpu_blocks × engine.block_size`` tokens, managed in pages of
-``page_size`` tokens (SGLang's default 1). Engine settings used: ``max_num_seqs`` is the default of
-``max_running_requests``, ``max_num_batched_tokens`` the default of ``chunked_prefill_size``
-(SGLang picks 8192 on H100/H200-class GPUs, cbsim's default too), ``max_model_len`` the context
-length. SGLang has no per-step token budget (prefill batches are capped by the two prefill
+``page_size`` tokens (SGLang's default 1); unset, cbsim sizes it as SGLang does, by
+``mem_fraction_static`` (:mod:`sim.hardware.engine_memory`). Engine settings used: ``max_num_seqs``
+is the default of ``max_running_requests`` and, unset, SGLang's own
+(:meth:`SglangPolicy.engine_defaults`: ``min(clamp(pool / context × 512, 2048, 4096), pool // 2)``,
+about 4,096 for Llama-3-8B on an H200); ``max_num_batched_tokens`` is the default of
+``chunked_prefill_size`` and, unset, SGLang's by GPU memory (:func:`sglang_chunk_default`: 8192 on
+H100/H200); ``max_model_len`` the context length. SGLang has no per-step token budget (prefill batches are capped by the two prefill
 budgets, decode batches by ``max_running_requests``), so ``token_budget`` is None.
 
 Where cbsim differs, on purpose (none of it changes a run SGLang completes): SGLang aborts a prompt
@@ -65,6 +68,29 @@ from policies.kv.radix import HeldSlotsView, RadixCache, RadixNode, request_toke
 from policies.sglang_queue import SCHEDULE_POLICIES, order_waiting_queue
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+MIB = 1 << 20
+
+
+def sglang_chunk_default(device) -> int:
+    """``chunked_prefill_size`` as SGLang picks it by GPU memory in MiB
+    (``server_args.py`` ``_handle_gpu_memory_settings``; reference/schedulers.md §7.1): under 20 GiB
+    2048, under 35 GiB 2048, under 60 GiB 4096, under 160 GiB (H100, H200) 8192, else 16384; 4096
+    when the memory is unknown (a CPU)."""
+    if device is None or device.kind != "gpu" or not device.memory_bytes:
+        return 4096
+    mib = device.memory_bytes / MIB
+    for bound, chunk in ((20 * 1024, 2048), (35 * 1024, 2048), (60 * 1024, 4096), (160 * 1024, 8192)):
+        if mib < bound:
+            return chunk
+    return 16384
+
+
+def sglang_running_cap(pool_tokens: int, context_len: int) -> int:
+    """SGLang's ``max_running_requests`` when unset (``resolve_max_num_reqs``,
+    mem_cache/kv_cache_configurator.py L3119): ``min(clamp(int(pool / context × 512), 2048, 4096),
+    pool // 2)``, at least 1."""
+    per_context = int(pool_tokens / context_len * 512)
+    return max(1, min(max(2048, min(per_context, 4096)), pool_tokens // 2))
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"  # AddReqResult
 
 
@@ -90,6 +116,11 @@ class SglangPolicy(Policy):
         "decodes run out of memory, RadixAttention prefix cache"
     )
     uses_token_budget = False
+    kv_sizing = "sglang"  # sim/hardware/engine_memory.py sizes the pool
+    engine_defaults_source = (
+        "SGLang's own: chunked_prefill_size by GPU memory (8192 on H100/H200), max_running_requests "
+        "from the KV pool and context length (about 4096 on an H200), pool by mem_fraction_static"
+    )
     KNOBS = {
         "schedule_policy": Knob("fcfs", "waiting-queue order: fcfs, lpm (longest cached prefix first; "
                                         "fcfs above 128 waiting), dfs-weight, lof (longest max_tokens "
@@ -100,7 +131,10 @@ class SglangPolicy(Policy):
         "max_prefill_tokens": Knob(16384, "prompt tokens one prefill batch may admit (the first "
                                           "request may exceed it when chunking is off)", int),
         "max_running_requests": Knob(None, "requests in the running batch at most (null: "
-                                           "engine.max_num_seqs)", int),
+                                           "engine.max_num_seqs, else SGLang's own from the pool)", int),
+        "mem_fraction_static": Knob(None, "(weights + KV pool) / GPU memory (null: SGLang's default "
+                                          "by GPU memory, 0.906 on an H200); sizes the pool when "
+                                          "engine.num_gpu_blocks is unset", float),
         "schedule_conservativeness": Knob(1.0, "scales the initial new_token_ratio (0.7 × this, "
                                                "at most 1)", float),
         "enable_mixed_chunk": Knob(False, "run the decodes inside prefill batches instead of "
@@ -117,9 +151,26 @@ class SglangPolicy(Policy):
                                          "remaining request after a retraction", int),
     }
 
+    @classmethod
+    def engine_defaults(cls, limits: EngineLimits, knobs: dict[str, Any]) -> tuple[int, int]:
+        """SGLang's own: ``max_num_batched_tokens`` (the chunk) by GPU memory, ``max_num_seqs``
+        (the running cap) from the pool ``num_gpu_blocks × block_size`` and ``max_model_len``."""
+        chunk = knobs.get("chunked_prefill_size")
+        tokens = limits.max_num_batched_tokens
+        if tokens is None:
+            tokens = int(chunk) if chunk is not None and int(chunk) > 0 else sglang_chunk_default(limits.device)
+        seqs = limits.max_num_seqs
+        if seqs is None:
+            mrr = knobs.get("max_running_requests")
+            seqs = int(mrr) if mrr is not None else sglang_running_cap(
+                limits.num_gpu_blocks * limits.block_size, limits.max_model_len)
+        return seqs, tokens
+
     def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
         super().__init__(limits, **knobs)
         k = self.knobs
+        if k["mem_fraction_static"] is not None and not 0.0 < float(k["mem_fraction_static"]) <= 1.0:
+            raise ValueError(f"sglang mem_fraction_static must be in (0, 1], got {k['mem_fraction_static']}")
         if k["schedule_policy"] not in SCHEDULE_POLICIES:
             raise ValueError(f"sglang schedule_policy must be one of {list(SCHEDULE_POLICIES)}, "
                              f"got {k['schedule_policy']!r}")
@@ -477,6 +528,9 @@ class SglangPolicy(Policy):
     def kv_blocks_total(self) -> int:
         """Pages of the pool (of ``page_size`` tokens)."""
         return self.cache.capacity // self.page
+
+    def kv_tokens_total(self) -> int:
+        return self.cache.capacity
 
     def kv_blocks_used(self) -> int:
         """Pages held by running requests: locked tree nodes plus their private pages (evictable

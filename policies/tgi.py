@@ -38,6 +38,11 @@ means the engine's KV pool, ``num_gpu_blocks × block_size``) in blocks of ``blo
 (1 with TGI's default flashinfer attention). TGI has no per-step token budget for decodes, so
 ``token_budget`` is None.
 
+Unset, the pool is sized as TGI's warm-up sizes it (:mod:`sim.hardware.engine_memory`), and
+``engine.max_num_seqs`` defaults to ``max_concurrent_requests`` (128): TGI has no running cap of its
+own (``max_batch_size`` unset), and queued plus running requests never exceed that number, so the
+two bound the same batch.
+
 Where cbsim differs, on purpose: ``max_batch_size`` (unset in TGI) defaults to
 ``engine.max_num_seqs`` and bounds the running batch in both modes (TGI ignores it when chunking);
 a chunked request's later chunks take ``max_batch_prefill_tokens`` minus the decodes (at least one
@@ -76,11 +81,17 @@ class TgiPolicy(Policy):
         "prefix cache, 429 past max_concurrent_requests"
     )
     uses_token_budget = False
+    kv_sizing = "tgi"  # sim/hardware/engine_memory.py sizes the pool
+    engine_defaults_source = (
+        "TGI's own: no running cap but max_concurrent_requests (128), pool from the warm-up "
+        "(free memory × 0.9 after weights and one max_batch_prefill_tokens prefill)"
+    )
     KNOBS = {
         "max_batch_prefill_tokens": Knob(4096, "prompt tokens one prefill may compute (rounded up "
                                                "to whole blocks)", int),
-        "max_batch_total_tokens": Knob(None, "KV token slots of the pool (null: the engine's KV pool; "
-                                             "TGI infers it at warm-up)", int),
+        "max_batch_total_tokens": Knob(None, "KV token slots of the pool (null: the engine's KV pool, "
+                                             "which cbsim sizes as TGI's warm-up does unless "
+                                             "engine.num_gpu_blocks pins it)", int),
         "waiting_served_ratio": Knob(0.3, "without chunking: a prefill interrupts the running batch "
                                           "only if at least this × batch size requests can join "
                                           "(TGI's launcher default; the bare router uses 1.2)", float),
@@ -95,6 +106,17 @@ class TgiPolicy(Policy):
         "prefix_caching": Knob(True, "radix prefix cache of prompts", bool),
         "block_size": Knob(1, "tokens per KV block (1 with flashinfer, TGI's default attention)", int),
     }
+
+    @classmethod
+    def engine_defaults(cls, limits: EngineLimits, knobs: dict[str, Any]) -> tuple[int, int]:
+        """``max_num_seqs``: ``max_concurrent_requests`` (TGI's only bound on a batch's size besides
+        memory); ``max_num_batched_tokens``: cbsim's 8192 (TGI budgets prefills by
+        ``max_batch_prefill_tokens`` instead)."""
+        seqs = limits.max_num_seqs
+        if seqs is None:
+            seqs = int(knobs.get("max_concurrent_requests") or 128)
+        tokens = limits.max_num_batched_tokens
+        return seqs, tokens if tokens is not None else 8192
 
     def __init__(self, limits: EngineLimits, **knobs: Any) -> None:
         super().__init__(limits, **knobs)
@@ -137,7 +159,7 @@ class TgiPolicy(Policy):
         if len(self.queue) + len(self.running) >= self.max_concurrent:
             self.num_429 += 1
             self._reject(req, f"429 Too Many Requests: {self.max_concurrent} requests already queued "
-                              f"or running (max_concurrent_requests)")
+                              f"or running (max_concurrent_requests)", refused=True)
             return
         if req.prompt_tokens >= lim.max_model_len:
             self._reject(req, f"422: prompt of {req.prompt_tokens} tokens must be shorter than "
@@ -161,9 +183,11 @@ class TgiPolicy(Policy):
         req.status = Status.WAITING
         self.queue.append(req)
 
-    def _reject(self, req: Request, reason: str) -> None:
+    def _reject(self, req: Request, reason: str, refused: bool = False) -> None:
+        """``refused``: turned away for the load (429), not for the request itself (422)."""
         req.status = Status.REJECTED
         req.reject_reason = reason
+        req.refused = refused
         self._rejected.append(req)
 
     @staticmethod
@@ -351,6 +375,9 @@ class TgiPolicy(Policy):
 
     def kv_blocks_total(self) -> int:
         return self.cache.capacity // self.block
+
+    def kv_tokens_total(self) -> int:
+        return self.cache.capacity
 
     def kv_blocks_used(self) -> int:
         """Blocks reserved by running requests (their pinned cached prefixes and new blocks)."""

@@ -195,6 +195,9 @@ def _read_frame(path: Path, columns: dict[str, bool], rerun: str) -> pd.DataFram
     for c in LATER_REQUEST_COLUMNS:  # a results folder written before these columns existed: none of them
         if c in columns and c not in frame.columns:
             frame[c] = -1
+    if "refused" in columns and "refused" not in frame.columns and {"state", "reason"} <= set(frame.columns):
+        # written before refusals were told apart: TGI's 429 was (and is) the only refusal for the load
+        frame["refused"] = (frame["state"] == "rejected") & frame["reason"].astype(str).str.startswith("429")
     absent = [c for c in columns if c not in frame.columns]
     if absent:
         raise CbsimError(f"{path} lacks the column(s) {', '.join(absent[:5])}; it was not written by this "

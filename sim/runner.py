@@ -119,9 +119,10 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         "max_slots": pol.max_slots,
         "token_budget": pol.token_budget,
         "kv_blocks_total": pol.kv_blocks_total(),
+        "kv_tokens": pol.kv_tokens_total(),  # the pool in tokens, the same unit for every policy
         "cpu_blocks_total": limits.num_cpu_blocks,
         "block_size": limits.block_size,
-        "max_num_seqs": limits.max_num_seqs,
+        "max_num_seqs": pol.max_slots,  # the resolved running cap (sglang: max_running_requests)
         "max_num_batched_tokens": limits.max_num_batched_tokens,
         "latency": replicas[0][1].name,
         "swap_s_per_block": replicas[0][1].swap_time(1),
@@ -136,7 +137,8 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         hbm_bandwidth=gpu.hbm_bandwidth * dep.replicas,
         slo=scn.slo,
         num_replicas=dep.replicas,
-        kv_tokens_per_replica=meta["kv_blocks_total"] * limits.block_size,
+        kv_tokens_per_replica=meta["kv_tokens"],
+        max_model_len=limits.max_model_len,
         # ITL from the recorder's runs of token times (sim.metrics.recorder): the same order statistics
         # without a list of every gap (and runs too large to keep token times in memory have none)
         itl=recorder.itl_stats(),
@@ -225,6 +227,7 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress=Fals
                 raise CbsimError(f"--policy {label!r} is not in the scenario{nearest(label, known)}; "
                                  f"its policies are: {', '.join(known)}")
     specs = build_workload(scn)
+    cuts = workload_cuts(specs)
     dep = resolve(scn)
     req_frames, step_frames, summaries, meta = [], [], {}, {}
     dis = scn.disaggregation
@@ -245,6 +248,7 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress=Fals
             steps.insert(0, "policy", label)
             req_frames.append(requests)
             step_frames.append(steps)
+            summary["workload_cuts"] = cuts
             summaries[label] = summary
             meta[label] = m
     return RunResult(
@@ -254,6 +258,14 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress=Fals
         summaries=summaries,
         meta=meta,
     )
+
+
+def workload_cuts(specs) -> dict[str, int]:
+    """What the workload changed in its requests, and in how many (``RequestSpec.cut``: synthetic
+    prompts clipped to the context), so a run never changes a request without saying so."""
+    from collections import Counter
+
+    return dict(Counter(s.cut for s in specs if s.cut))
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

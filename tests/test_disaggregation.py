@@ -59,14 +59,20 @@ def test_one_request_ttft_and_e2e_are_prefill_plus_transfer_plus_decode_exactly(
     end = landed
     for _ in range(output - 1):  # the decode instance decodes from the moment the KV lands
         end += STEP
-    assert row["ttft_s"] == prefill
+    # the client's first token comes from the decode side: prefill + transfer (no queue here) +
+    # decode admission (none waiting) + the first decode step, with the prefill's token beside it
+    first = landed + STEP
+    assert row["ttft_s"] == first
+    assert row["ttft_s"] - row["prefill_ttft_s"] >= row["transfer_s"], "TTFT exceeds prefill by the transfer"
+    assert row["prefill_ttft_s"] == prefill
     assert row["e2e_s"] == end
     assert row["transfer_s"] == pytest.approx(wire, rel=1e-12)
-    assert list(row["token_times_s"]) == [prefill, *[landed + STEP * (k + 1) for k in range(output - 1)]]
+    assert list(row["token_times_s"]) == [first, *[landed + STEP * (k + 1) for k in range(output - 1)]]
     s = result.summaries["pd"]
     assert s["transfer_wire_s"]["p50"] == pytest.approx(wire, rel=1e-12)
     assert s["transfer_queue_s"]["p99"] == 0.0 and s["decode_queue_s"]["p99"] == 0.0
     assert s["handoff_gap_s"]["p50"] == pytest.approx(wire + STEP, rel=1e-12)
+    assert s["ttft_s"]["p50"] == first and s["tpot_s"]["p50"] == pytest.approx((end - first) / (output - 1))
     assert s["decode_itl_s"]["p99"] == STEP
     steps = result.steps[result.steps["policy"] == "pd"]
     assert (steps["pool"] == "prefill").sum() == 2 and (steps["pool"] == "decode").sum() == output - 1
@@ -88,6 +94,10 @@ def test_transfers_queue_behind_each_other_on_the_same_link():
     assert t_shared == pytest.approx([wire, 2 * wire], rel=1e-12)
     assert t_pair == pytest.approx([wire, wire], rel=1e-12)
     assert shared.summaries["pd"]["transfer_queue_s"]["mean"] == pytest.approx(wire / 2, rel=1e-12)
+    # what the client waits for includes the queue for the link: TTFT = prefill + queue + wire + a step
+    pd_rows = shared.requests[shared.requests["policy"] == "pd"].sort_values("transfer_s")
+    assert list(pd_rows["ttft_s"] - pd_rows["prefill_ttft_s"]) == pytest.approx([wire + STEP, 2 * wire + STEP],
+                                                                                 rel=1e-12)
 
 
 def _pressure_workload(n=60, seed=3):

@@ -241,7 +241,7 @@ def test_fuzz_corrupted_traces_end_in_a_result_or_a_clean_error(fmt, rows, data,
     with wall_clock_limit(CASE_LIMIT_S):
         try:
             trace = load_trace(path, given_format)
-            specs = trace.to_specs()
+            specs = trace.to_specs(4096)
             assert len(specs) == len(trace) >= 1
             assert all(s.prompt_tokens >= 1 and s.output_tokens >= 1 and s.arrival_s >= 0 for s in specs)
             assert [s.arrival_s for s in specs] == sorted(s.arrival_s for s in specs)

@@ -312,6 +312,7 @@ def test_an_inline_mla_moe_spec_in_a_scenario():
                 "moe_intermediate_size": 256,
                 "first_k_dense_layers": 1,
                 "expert_quantization": "mxfp4",
+                "context_length": 8192,  # what engine.max_model_len defaults to
             },
             "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
         }

@@ -114,9 +114,41 @@ def test_hardware_count_follows_tensor_parallel():
 
 
 def test_inline_model_resolves_its_derived_fields():
-    scn = load_scenario(_minimal(model={"num_layers": 2, "hidden_size": 64, "num_heads": 4,
-                                        "intermediate_size": 128, "vocab_size": 100}))
+    model = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 100}
+    scn = load_scenario(_minimal(model={**model, "context_length": 4096}))
     assert scn.model.num_kv_heads == 4 and scn.model.head_dim == 16
+    assert scn.engine.max_model_len == 4096, "engine.max_model_len defaults to the model's context length"
+    with pytest.raises(ScenarioError, match=r"^engine\.max_model_len: is unset and the model 'inline' states no "
+                                            r"context length; set engine\.max_model_len"):
+        load_scenario(_minimal(model=model))
+    assert load_scenario(_minimal(model=model, engine={"max_model_len": 512})).engine.max_model_len == 512
+
+
+def test_max_model_len_defaults_to_the_model_s_own_length_as_vllm_derives_it():
+    llama31 = load_scenario({"model": "meta-llama/Meta-Llama-3.1-8B"})  # rope_type llama3: not scaled again
+    assert llama31.engine.max_model_len == 131072
+    assert "max_model_len" not in llama31.engine.model_fields_set
+    assert load_scenario(llama31, ["model=llama-2-7b"]).engine.max_model_len == 4096, "filled, not set"
+    assert load_scenario({}).engine.max_model_len == 8192  # Meta-Llama-3-8B's max_position_embeddings
+    from sim.hardware.hf_config import context_length
+
+    assert context_length({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4}}) == 16384
+    assert context_length({"max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}) == 131072
+    assert context_length({"max_position_embeddings": 4096, "seq_length": 2048}) == 2048, "the smallest key"
+    assert context_length({}) == 0
+
+
+def test_a_model_whose_kv_cannot_hold_its_own_length_fails_in_one_line():
+    from sim.errors import CbsimError
+    from sim.scenario.resolved import resolve
+
+    with pytest.raises(CbsimError) as exc:
+        resolve(load_scenario({"model": "meta-llama/Meta-Llama-3.1-8B", "hardware": {"gpu": "rtx-4090"}}))
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "fewer than engine.max_model_len (131,072, unset: the model's own context length)" in msg
+    assert "set engine.max_model_len to at most 43,872" in msg and "gpu_memory_utilization" in msg
 
 
 # --- --set ---------------------------------------------------------------------------------------

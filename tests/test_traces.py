@@ -33,8 +33,9 @@ def test_azure_rows_become_requests(tmp_path):
     specs = read_trace(write(tmp_path, "a.csv", AZURE), "azure")
     assert [s.id for s in specs] == ["r000000", "r000001", "r000002"]
     assert [s.arrival_s for s in specs] == pytest.approx([0.0, 4.314579, 4.31941], abs=1e-9)
-    assert [(s.prompt_tokens, s.output_tokens, s.max_tokens) for s in specs] == [(374, 44, 44), (396, 109, 109),
-                                                                                 (879, 31, 31)]
+    # no client limit in the trace: max_tokens is vLLM's fill-in, max_model_len (8192 here) - prompt
+    assert [(s.prompt_tokens, s.output_tokens, s.max_tokens) for s in specs] == [
+        (374, 44, 8192 - 374), (396, 109, 8192 - 396), (879, 31, 8192 - 879)]
     # content of its own: left to Request's default run ("req", id), not stored per request
     assert specs[0].prompt_runs is None
     assert Request(specs[0].id, 0.0, 374, 44).prompt_runs == ((("req", "r000000"), 374),)
@@ -72,7 +73,8 @@ MOONCAKE = """{"timestamp": 0, "input_length": 1100, "output_length": 7, "hash_i
 def test_mooncake_hash_ids_become_prompt_runs(tmp_path):
     specs = read_trace(write(tmp_path, "m.jsonl", MOONCAKE))
     assert [s.arrival_s for s in specs] == [0.0, 0.25, 1.5]
-    assert [(s.prompt_tokens, s.output_tokens, s.max_tokens) for s in specs] == [(1100, 7, 7), (600, 3, 3), (512, 1, 1)]
+    assert [(s.prompt_tokens, s.output_tokens, s.max_tokens) for s in specs] == [
+        (1100, 7, 8192 - 1100), (600, 3, 8192 - 600), (512, 1, 8192 - 512)]
     assert specs[0].prompt_runs == ((("mc", 0), 512), (("mc", 1), 512), (("mc", 2), 76))
     assert specs[1].prompt_runs == ((("mc", 0), 512), (("mc", 5), 88))
     assert specs[2].prompt_runs == ((("mc", 9), 512),)
@@ -113,7 +115,8 @@ def test_plain_csv_with_optional_columns(tmp_path):
     assert [(s.arrival_s, s.prompt_tokens, s.output_tokens, s.max_tokens, s.priority) for s in specs] == [
         (0.0, 20, 4, 4, -2), (0.5, 10, 3, 8, 1)]
     f = write(tmp_path, "q.csv", "prompt_tokens,output_tokens,arrival_s\n10,3,1.5\n")
-    assert [(s.arrival_s, s.prompt_tokens, s.max_tokens) for s in read_trace(f, "csv")] == [(1.5, 10, 3)]
+    assert [(s.arrival_s, s.prompt_tokens, s.max_tokens) for s in read_trace(f, "csv", max_model_len=100)] == [
+        (1.5, 10, 90)]
 
 
 def test_plain_csv_malformed(tmp_path):

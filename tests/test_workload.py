@@ -124,23 +124,37 @@ def test_uniform_is_inclusive_and_fixed_is_fixed():
     assert {s.output_tokens for s in specs} == {5}
 
 
-def test_synthetic_lengths_are_kept_within_max_model_len():
+def test_synthetic_prompts_are_clipped_and_counted_and_outputs_cut_by_the_engine():
+    from sim.runner import run
+    from sim.workload.synthetic import PROMPT_CLIPPED
+
     scn = scenario({"num_requests": 300, "arrival": {"rate": 1.0},
                     "prompt_tokens": {"dist": "uniform", "min": 50, "max": 200},
                     "output_tokens": {"dist": "uniform", "min": 50, "max": 200}},
                    engine={"num_gpu_blocks": 100, "max_model_len": 128})
     specs = build_workload(scn)
     assert max(s.prompt_tokens for s in specs) == 127
-    assert all(s.prompt_tokens + s.output_tokens <= 128 for s in specs)
+    clipped = [s for s in specs if s.cut]
+    assert clipped and all(s.cut == PROMPT_CLIPPED and s.prompt_tokens == 127 for s in clipped)
     assert all(s.max_tokens == 128 - s.prompt_tokens for s in specs), "default: max_model_len - prompt"
+    # outputs keep their own length; the engine stops them at the context and the run counts them
+    long = sum(s.prompt_tokens + s.output_tokens > 128 for s in specs)
+    assert long > 250
+    res = run(scn)
+    summary = res.summaries["orca"]
+    assert summary["workload_cuts"] == {PROMPT_CLIPPED: len(clipped)}
+    assert summary["requests_cut"] == {"max_model_len": long, "max_tokens": 0}
+    fin = res.requests[res.requests["state"] == "finished"]
+    assert (fin["prompt_tokens"] + fin["generated"] <= 128).all()
 
 
-def test_max_tokens_set_by_the_workload_cuts_outputs():
+def test_max_tokens_set_by_the_workload_is_every_request_s_limit():
     scn = scenario({"num_requests": 200, "arrival": {"rate": 1.0}, "max_tokens": 300,
                     "output_tokens": {"dist": "uniform", "min": 100, "max": 600}})
     specs = build_workload(scn)
     assert {s.max_tokens for s in specs} == {300}
-    assert max(s.output_tokens for s in specs) == 300 and min(s.output_tokens for s in specs) >= 100
+    # the outputs keep their own length: the engine stops them at 300 (counted as cut by max_tokens)
+    assert max(s.output_tokens for s in specs) > 300 and min(s.output_tokens for s in specs) >= 100
 
 
 # --- prefixes ------------------------------------------------------------------------------------
@@ -205,8 +219,10 @@ def _trace(tmp_path) -> str:
 def test_trace_replay_with_window_scale_and_count(tmp_path):
     path = _trace(tmp_path)
     specs = build_workload(scenario({"trace": {"path": path, "window_s": [1, 4], "rate_scale": 2.0}}))
+    # the trace has no client limit: max_tokens is vLLM's fill-in, max_model_len - prompt (never the output)
+    mml = 8192
     assert [(s.arrival_s, s.prompt_tokens, s.output_tokens, s.max_tokens) for s in specs] == [
-        (0.0, 20, 2, 2), (0.5, 30, 3, 3), (1.0, 40, 4, 4)]
+        (0.0, 20, 2, mml - 20), (0.5, 30, 3, mml - 30), (1.0, 40, 4, mml - 40)]
     assert len(build_workload(scenario({"trace": {"path": path}, "num_requests": 2}))) == 2
     with pytest.raises(ScenarioError, match="has only 5 requests in its window"):
         build_workload(scenario({"trace": {"path": path}, "num_requests": 6}))
@@ -218,7 +234,7 @@ def test_trace_lengths_resampled_under_synthetic_arrivals(tmp_path):
                                      "prompt_tokens": {"dist": "trace"}, "output_tokens": {"dist": "trace"}}))
     pairs = {(s.prompt_tokens, s.output_tokens) for s in specs}
     assert pairs == {(10, 1), (20, 2), (30, 3), (40, 4), (50, 5)}, "whole rows are resampled"
-    assert all(s.max_tokens == s.output_tokens for s in specs)
+    assert all(s.max_tokens == 8192 - s.prompt_tokens for s in specs)
     from sim.workload.sharing import shareable_tokens
 
     assert shareable_tokens(specs) == [0] * 300, "resampled prompts get fresh content"

@@ -22,6 +22,7 @@ def capacity_cmd(
     workers: int = shared.workers_option("searched"),
     backend: shared.BackendOpt = "local",
     ray_address: shared.RayAddressOpt = None,
+    seeds: shared.SeedsOpt = 3,
 ):
     """Find each policy's capacity (and the disaggregated topology's): bracketing and bisection over the
     arrival rate, to --tolerance."""
@@ -36,7 +37,7 @@ def capacity_cmd(
     with shared.search_display(console, scn, policy, workers, backend, f"searching capacity to ±{tolerance:.1%}",
                                disaggregated=True):
         results = capacity(scn, policies=policy or None, tolerance=tolerance, workers=workers,
-                           backend=backend, ray_address=ray_address)
+                           backend=backend, ray_address=ray_address, seeds=seeds)
     slo = scn.slo
     bounds = ", ".join(f"{k.removesuffix('_s').upper()} ≤ {getattr(slo, k):g} s"
                        for k in ("ttft_s", "tpot_s", "e2e_s") if getattr(slo, k) is not None)
@@ -45,16 +46,28 @@ def capacity_cmd(
         _closed_loop_table(console, t, scn, results, json_out, tolerance)
         return
     for c in ("policy", "GPUs", "max rate (req/s)", "offered / achieved there", "goodput there (req/s)",
-              "saturated (req/s)", f"violated at +{tolerance:.0%}", "probe requests", "runs"):
+              "saturated (req/s)", f"violated at +{tolerance:.0%}", f"spread over {seeds} seed(s)",
+              "probe requests", "runs"):
         t.add_column(c, justify="left" if c == "policy" else "right")
     notes = []
     for label, r in results.items():
         t.add_row(f"{label} (disaggregated)" if r.disaggregated else label, "-" if r.gpus is None else str(r.gpus), f"{r.rate_rps:.4g}", f"{_rate(r.offered_rps)} / {_rate(r.achieved_rps)}",
                   f"{r.goodput_rps:.4g}", _rate(r.saturated_rps), f"{r.violating_rate_rps:.4g}",
-                  f"{r.probe_requests:,}", str(r.runs))
+                  shared.spread_text(r.spread), f"{r.probe_requests:,}", str(r.runs))
         notes += capacity_notes(label, r, tolerance)
+        notes += shared.spread_notes(label, r.spread, getattr(scn.slo, r.spread["metric"], None) if r.spread else None)
+    if not console.is_terminal:  # piped or logged: room for every column, not 80 characters
+        console.width = max(console.width, 170)
     console.print(t)
+    for label, r in results.items():
+        if seeds > 1:
+            console.print(f"{label}: spread at {r.rate_rps:.4g} req/s {shared.spread_text(r.spread)}",
+                          highlight=False, soft_wrap=True)
     console.print(steady_rule_line(scn.workload.num_requests), highlight=False)
+    if seeds > 1:
+        console.print(f"seeds: every probed rate judged at seeds {scn.seed}-{scn.seed + seeds - 1} and met only when "
+                      f"every seed met; spread = the binding percentile's min-max over them at the max rate",
+                      highlight=False)
     if scn.replicas.count > 1 or any(r.disaggregated for r in results.values()):
         console.print("saturated: one replica's burst finish rate × replicas.count (colocated); the burst's finish "
                       "rate through the whole topology, prefill pool, links and decode pool (disaggregated)",

@@ -27,6 +27,7 @@ def plan_cmd(
                                 "independent probes beside the search (default 2; 1: one process)"),
     backend: shared.BackendOpt = "local",
     ray_address: shared.RayAddressOpt = None,
+    seeds: shared.SeedsOpt = 3,
     disaggregated: bool = typer.Option(False, "--disaggregated", help="plan the scenario's disaggregation "
                                        "section: the cheapest xPyD split against its colocated policies on "
                                        "the same GPUs (--max-replicas bounds each pool)"),
@@ -51,6 +52,9 @@ def plan_cmd(
         if is_closed_loop(scn) or target_rate is None:
             raise CbsimError("--disaggregated plans an open-loop --target-rate; closed-loop clients "
                              "(workload.arrival.process: closed) are planned without --disaggregated")
+        if seeds != 1:
+            console.print(f"[yellow]note:[/] --disaggregated judges every layout at the scenario's seed {scn.seed} "
+                          f"only; --seeds {seeds} applies to colocated plans", highlight=False)
         print_disaggregated_plan(console, scn, target_rate, max_replicas, tp, policy, json_out, workers)
         return
     closed = is_closed_loop(scn)
@@ -58,7 +62,8 @@ def plan_cmd(
             else f"{target_rate:g} req/s" if target_rate is not None else "?")
     with shared.search_display(console, scn, policy, workers, backend, f"planning for {load}"):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
-                     backend=backend, ray_address=ray_address, target_concurrency=target_concurrency)
+                     backend=backend, ray_address=ray_address, target_concurrency=target_concurrency,
+                     seeds=seeds)
     price = scn.cost_per_gpu_hour
     t = Table(title=f"{scn.name}: {load} on {scn.hardware.gpu} "
                     f"({scn.hardware.count} GPU(s) per replica, router {scn.replicas.router})",
@@ -66,21 +71,25 @@ def plan_cmd(
     cols = ["policy", "replicas", "GPUs", "GPU-h per h"]
     if price is not None:
         cols += ["cost per h", "cost per 1M req"]
-    cols += ["offered/achieved", "p99 TTFT s", "p99 TPOT ms", "runs"]
+    cols += ["per replica req/s", "offered/achieved", "p99 TTFT s", "p99 TPOT ms", f"spread over {seeds} seed(s)",
+             "runs"]
     for c in cols:
         t.add_column(c, justify="left" if c == "policy" else "right")
     for label, p in plans.items():
         if p.replicas is None:
             row = [label, f"> {p.max_replicas}", "-", "-"] + (["-", "-"] if price is not None else [])
-            row += ["-", "-", "-"]
+            row += ["-", "-", "-", "-", "-"]
         else:
             s = p.summary.get("steady") or {}
             row = [label, str(p.replicas), str(p.gpus), f"{p.gpu_hours_per_hour:g}"]
             if price is not None:
                 row += [f"{p.cost_per_hour:,.2f}", f"{p.cost_per_million_requests:,.2f}"]
-            row += [f"{_num(p.offered_rps)} / {_num(p.achieved_rps)}", _num(s.get("ttft_s", {}).get("p99")),
-                    _num(s.get("tpot_s", {}).get("p99"), 1e3)]
+            row += [_num(p.per_replica_rps), f"{_num(p.offered_rps)} / {_num(p.achieved_rps)}",
+                    _num(s.get("ttft_s", {}).get("p99")), _num(s.get("tpot_s", {}).get("p99"), 1e3),
+                    shared.spread_text(p.spread)]
         t.add_row(*row, str(p.runs))
+    if not console.is_terminal:  # piped or logged: room for every column, not 80 characters
+        console.width = max(console.width, 170)
     console.print(t)
     for label, p in plans.items():
         if closed:
@@ -90,8 +99,18 @@ def plan_cmd(
         sat = "not measurable" if p.saturated_rps is None else f"{p.saturated_rps:.4g} req/s"
         size = f"; verdict from runs of {p.probe_requests:,} requests" if p.probe_requests else ""
         console.print(f"{label}: saturated throughput per replica {sat}{size}", highlight=False)
-    for n in plan_notes(plans):
+        if p.replicas is not None:
+            console.print(f"{label}: {p.replicas} replica(s) judged at {p.per_replica_rps:.4g} req/s each; spread "
+                          f"{shared.spread_text(p.spread)}", highlight=False, soft_wrap=True)
+    for n in plan_notes(plans) + [n for label, p in plans.items()
+                                  for n in shared.spread_notes(label, p.spread, _bound(scn, p.spread))]:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
+    if any(p.replicas and p.replicas > 1 for p in plans.values()):
+        console.print(replicas_line(scn.replicas.router), highlight=False, soft_wrap=True)
+    if seeds > 1:
+        console.print(f"seeds: every count judged at seeds {scn.seed}-{scn.seed + seeds - 1} and met only when every "
+                      f"seed met; spread = the binding percentile's min-max over them at the chosen count",
+                      highlight=False, soft_wrap=True)
     console.print(f"replicas = fewest meeting the SLO in steady state (one fewer violates it: simulated, or each replica "
                   f"would get more than its saturated throughput). Latencies and offered/achieved rates: requests "
                   f"arriving after warm-up and before drain. GPUs = replicas × hardware.count; cost = GPUs × "
@@ -101,6 +120,19 @@ def plan_cmd(
     shared.write_json(console, json_out, {"scenario": scn.name, "target_rate_rps": target_rate,
                                           "target_concurrency": plans and next(iter(plans.values())).target_concurrency,
                                           "policies": {k: v.to_dict() for k, v in plans.items()}})
+
+
+def replicas_line(router: str) -> str:
+    """Why n replicas pass at a per-replica rate above one replica's capacity (sim.planning.plan)."""
+    how = ("round-robin gives each replica every n-th arrival, whose gaps are far more regular (cv 1/√n) than "
+           "one Poisson stream's" if router == "round-robin" else
+           f"the {router} router sends each arrival where there is room, which evens the replicas' queues")
+    return (f"replicas: {how}, so queues stay shorter and n replicas can each pass at a rate (per replica req/s, "
+            f"the rate each was judged at) above what one replica alone sustains")
+
+
+def _bound(scn, spread: dict | None):
+    return getattr(scn.slo, spread["metric"], None) if spread else None
 
 
 def _num(v, scale: float = 1.0) -> str:

@@ -34,7 +34,7 @@ def comparison_table(result):
     for label in result.labels:
         t.add_column(label, justify="right")
     rows = [
-        ("finished / rejected / unfinished", lambda s: f"{s['requests_finished']} / {s['requests_rejected']} / {s['requests_unfinished']}"),
+        ("finished / refused / invalid / unfinished", _ends),
         ("throughput (req/s)", lambda s: _fmt(s["throughput_rps"])),
         ("output tokens/s", lambda s: _fmt(s["output_tps"], digits=4)),
         ("goodput (req/s)", lambda s: _fmt(s["goodput_rps"])),
@@ -65,10 +65,28 @@ def comparison_table(result):
         rows.insert(rows.index(next(r for r in rows if r[0] == "E2E p50 / p99 (s)")) + 2,
                     ("speculative: tokens per verify step", lambda s: _spec(s, "tokens_per_step")))
     if slo is not None and any(getattr(slo, k) is not None for k in ("ttft_s", "tpot_s", "e2e_s")):
-        rows.append((f"meets SLO (p{slo.percentile:g})", lambda s: {True: "yes", False: "NO", None: "-"}[s["slo_met"]]))
+        said = {True: "yes", False: "NO", None: "-"}
+        rows.append((f"meets SLO (p{slo.percentile:g}), whole run", lambda s: said[s["slo_met"]]))
+        rows.append((f"meets SLO (p{slo.percentile:g}), steady window", _steady_verdict))
     for name, fn in rows:
         t.add_row(name, *[fn(result.summaries[label]) for label in result.labels])
     return t
+
+
+def _ends(s: dict) -> str:
+    """Refused: turned away for the load (429), late in every verdict; invalid: rejected for the
+    request itself (too long), out of the verdicts."""
+    refused = s.get("requests_refused", 0)
+    invalid = s.get("requests_invalid", s["requests_rejected"] - refused)
+    return f"{s['requests_finished']} / {refused} / {invalid} / {s['requests_unfinished']}"
+
+
+def _steady_verdict(s: dict) -> str:
+    """What capacity, plan and sweep judge: the steady window (warm-up and drain left out)."""
+    st = s.get("steady") or {}
+    if st.get("slo_met") is None:
+        return "- (run too short)"
+    return "yes" if st["slo_met"] else "NO"
 
 
 def _acceptance(s: dict) -> str:
@@ -103,18 +121,27 @@ def _ended(s: dict) -> str:
 
 
 def backlog_notes(result) -> list[str]:
-    """One line per policy that rejected requests (how many, and the first one's reason; every
-    reason is in requests.parquet) and one per policy that left requests unfinished (how many,
-    where they were, and why)."""
+    """One line per policy that refused requests for the load (how many, and the first one's
+    reason: they count as infinitely late in the SLO verdicts), one per policy that rejected
+    requests invalid on their own (left out of the verdicts), one per policy that cut outputs
+    short (how many, and why), and one per policy that left requests unfinished (how many,
+    where they were, and why). Every reason is in requests.parquet."""
     notes = []
     for label in result.labels:
         s = result.summaries[label]
-        if s["requests_rejected"]:
-            reqs = result.requests
-            first = reqs[(reqs["policy"] == label) & (reqs["state"] == "rejected")].iloc[0]
-            more = f" (and {s['requests_rejected'] - 1} more; see requests.parquet)" if s["requests_rejected"] > 1 else ""
-            notes.append(f"{label}: {s['requests_rejected']} requests rejected: {first['id']}: "
-                         f"{first['reason']}{more}")
+        reqs = result.requests
+        mine = reqs[(reqs["policy"] == label) & (reqs["state"] == "rejected")]
+        refused = mine["refused"].astype(bool) if "refused" in mine else None
+        for kind, rows, tail in (
+                ("refused for the load (late in every SLO verdict)",
+                 mine[refused] if refused is not None else mine.iloc[:0], ""),
+                ("rejected on their own (left out of the SLO verdicts)",
+                 mine[~refused] if refused is not None else mine, "")):
+            if len(rows):
+                first = rows.iloc[0]
+                more = f" (and {len(rows) - 1} more; see requests.parquet)" if len(rows) > 1 else tail
+                notes.append(f"{label}: {len(rows)} requests {kind}: {first['id']}: {first['reason']}{more}")
+        notes += cut_notes(label, s, result.scenario)
         if s["requests_unfinished"]:
             counts = s.get("unfinished_reasons", {})
             end = s.get("end_s")
@@ -132,6 +159,25 @@ def backlog_notes(result) -> list[str]:
         from sim.runner import CAP_HINT
 
         notes.append(f"({CAP_HINT})")
+    return notes
+
+
+def cut_notes(label: str, s: dict, scn) -> list[str]:
+    """Every request cbsim shortened, counted with why: synthetic prompts clipped to the context
+    (``workload_cuts``) and outputs the engine stopped before their own end (``requests_cut``)."""
+    notes = []
+    mml = scn.engine.max_model_len
+    own = "" if "max_model_len" in scn.engine.model_fields_set else ", the model's context length"
+    for why, n in (s.get("workload_cuts") or {}).items():
+        notes.append(f"{label}: {n} synthetic prompts {why} ({mml:,}{own}); their tails were never sent")
+    cut = s.get("requests_cut") or {}
+    if cut.get("max_model_len"):
+        notes.append(f"{label}: {cut['max_model_len']} outputs cut where prompt + output reached engine.max_model_len "
+                     f"({mml:,}{own}), as vLLM stops them (finish reason length); raise engine.max_model_len "
+                     f"or shorten the prompts to serve them whole")
+    if cut.get("max_tokens"):
+        notes.append(f"{label}: {cut['max_tokens']} outputs stopped at the client's max_tokens "
+                     f"(workload.max_tokens or the trace's) before their own end")
     return notes
 
 

@@ -1,7 +1,13 @@
 """A disaggregated run's requests frame, steps frame and summary.
 
-One row per request, as a client sees it: arrival, the prefill instance's first token (TTFT =
-prefill queue + prefill + first token), the decode instance's tokens, the end. The columns are the
+One row per request, as a client sees it: arrival, its first token, the decode instance's tokens, the
+end. The first token reaches the client from the decode side, after the KV cache has arrived
+(vLLM's P/D proxy sends the prefill instance ``max_tokens = 1`` and streams the decode instance's
+answer; SGLang's PD router and Dynamo do the same): TTFT = prefill queue + prefill + transfer
+(room on the decode instance, the link, the wire) + decode admission + the first decode step. The
+prefill instance's token travels with the KV and reaches the client together with that step's token.
+``prefill_ttft_s`` keeps the prefill instance's own first token (arrival to it), for the hand-off's
+share of TTFT. A request that ends on the prefill instance (one output token) has its TTFT there. The columns are the
 colocated run's (``sim.metrics.recorder.REQUEST_COLUMNS``) with ``replica`` the instance that held
 the request last (its decode instance once handed off, numbered after the prefill instances),
 plus ``prefill_replica`` and ``transfer_s`` (first token to KV landed on the decode instance:
@@ -15,11 +21,11 @@ pools together: ``utilization`` is then the mean over all their GPUs), and:
 * the hand-off, each ``{mean, p50, p90, p99}`` over the requests that were handed off:
   ``transfer_s`` (as the column), ``transfer_queue_s`` (first token to the start of the wire time:
   room on the decode instance, then the link), ``transfer_wire_s`` (latency + bytes / bandwidth),
-  ``decode_queue_s`` (KV landed to admitted by the decode policy), ``handoff_gap_s`` (first to
-  second token: the whole gap a client sees once);
-* decode-side token timing without that gap: ``decode_itl_s`` (every gap after the second token)
-  and ``decode_tpot_s`` ((last token − second token) / (output − 2)); ``itl_s`` and ``tpot_s`` keep
-  the client's definitions (the gap included), so SLOs compare with colocated runs as they are;
+  ``decode_queue_s`` (KV landed to admitted by the decode policy), ``handoff_gap_s`` (the prefill
+  instance's first token to the client's: what the hand-off adds to TTFT);
+* decode-side token timing: ``decode_itl_s`` (every gap after the second token) and
+  ``decode_tpot_s`` ((last token − second token) / (output − 2)); ``ttft_s``, ``itl_s`` and
+  ``tpot_s`` keep the client's definitions, so SLOs compare with colocated runs as they are;
 * ``transfers`` (count), ``transfer_bytes`` (total);
 * ``pools``: per pool ``{instances, gpus_per_instance, gpus, gpu, tensor_parallel, policy,
   kv_blocks_per_instance, steps, busy, utilization, kv_waste, mean_batch, mean_running,
@@ -47,21 +53,26 @@ def request_rows(top) -> tuple[pd.DataFrame, list[np.ndarray]]:
     cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS if c != "token_times_s"}
     cols["prefill_replica"] = []
     cols["transfer_s"] = []
+    cols["prefill_ttft_s"] = []
     times: list[np.ndarray] = []
     for h in top.handoffs:
         p, d, spec = h.prefill, h.decode, h.spec
         landed = h.landed_s == h.landed_s
         first = p.first_token_s
+        prefill_first = first
         if landed:
             state, reason = d.state, d.reason
             if state == "rejected":
                 reason = f"decode instance: {reason}"
             finish, generated = d.finish_s, d.generated
-            tt = np.concatenate(([first], np.asarray(d.token_times, dtype=float)))
+            decoded = np.asarray(d.token_times, dtype=float)
+            # the client's first token leaves with the decode instance's first step (module doc)
+            first = float(decoded[0]) if decoded.size else NAN
+            tt = np.concatenate(([first], decoded)) if decoded.size else np.zeros(0)
             replica = n_prefill + h.decode_replica
-        elif h.handed_off:  # first token out, KV still in transfer when time stopped
+        elif h.handed_off:  # prefilled, KV still in transfer when time stopped: the client saw nothing
             state, reason = "unfinished", top.horizon_reason
-            finish, generated, tt = NAN, 1, np.array([first])
+            finish, generated, tt, first = NAN, 1, np.zeros(0), NAN
             replica = n_prefill + h.decode_replica
         else:
             state, reason = p.state, p.reason
@@ -87,6 +98,7 @@ def request_rows(top) -> tuple[pd.DataFrame, list[np.ndarray]]:
         cols["e2e_s"].append(finish - arrival if done else NAN)
         cols["state"].append(state)
         cols["reason"].append(reason)
+        cols["refused"].append(bool(state == "rejected" and (d.refused if landed else p.refused)))
         cols["preemptions"].append(p.preemptions + (d.preemptions if landed else 0))
         cols["swaps"].append(p.swaps + (d.swaps if landed else 0))
         cols["client"].append(spec.client)
@@ -94,12 +106,14 @@ def request_rows(top) -> tuple[pd.DataFrame, list[np.ndarray]]:
         cols["turn"].append(spec.turn)
         cols["prefill_replica"].append(h.prefill_replica)
         cols["transfer_s"].append(h.landed_s - h.prefilled_s)
+        cols["prefill_ttft_s"].append(prefill_first - arrival)
         times.append(tt)
     frame = pd.DataFrame(cols)
     for c in ("replica", "prompt_tokens", "output_tokens", "max_tokens", "generated", "preemptions", "swaps",
               "client", "session", "turn", "prefill_replica"):
         frame[c] = frame[c].astype(np.int64)
-    for c in ("arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "transfer_s"):
+    for c in ("arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "transfer_s",
+              "prefill_ttft_s"):
         frame[c] = frame[c].astype(np.float64)
     tt_col = np.empty(len(times), dtype=object)
     for i, t in enumerate(times):
@@ -115,15 +129,17 @@ def steps_frame(top) -> pd.DataFrame:
 
 
 def token_timing(requests: pd.DataFrame, times: list[np.ndarray]) -> dict:
-    """ITL over every gap (the client's), and the decode side's ITL and TPOT without the first gap."""
+    """ITL over every gap (the client's), the decode side's ITL and TPOT without the first gap, and
+    the hand-off's share of TTFT (client's first token − the prefill instance's)."""
     done = (requests["state"] == "finished").to_numpy()
-    all_gaps, decode_gaps, handoff, decode_tpot = [], [], [], []
+    handed = done & requests["transfer_s"].notna().to_numpy()
+    handoff = (requests["ttft_s"] - requests["prefill_ttft_s"]).to_numpy()[handed]
+    all_gaps, decode_gaps, decode_tpot = [], [], []
     for ok, t in zip(done, times):
         if not ok or len(t) < 2:
             continue
         g = np.diff(t)
         all_gaps.append(g)
-        handoff.append(g[0])
         if len(g) > 1:
             decode_gaps.append(g[1:])
             decode_tpot.append((t[-1] - t[1]) / (len(t) - 2))
@@ -188,6 +204,7 @@ def summarize_disaggregated(top, requests: pd.DataFrame, steps: pd.DataFrame, ti
         peak_flops=sum(p.dep.gpu.peak_flops * p.instances for p in pools),
         hbm_bandwidth=sum(p.dep.gpu.hbm_bandwidth * p.instances for p in pools),
         slo=slo, num_replicas=sum(p.instances for p in pools), itl=timing["itl_s"],
+        max_model_len=min(p.limits.max_model_len for p in pools),
     )
     gpus = sum(p.gpus for p in pools)
     summary["gpus"] = gpus

@@ -134,7 +134,10 @@ def spec_fields(config: dict[str, Any], name: str, where: str = "config.json") -
     # Gemma 3's multimodal config keeps the language model's dtype and quantization at the top level
     merged = {**config, **text} if text is not config else config
     if arch in MLA or arch in GPT_OSS:
-        return _mla_or_gpt_oss_fields(arch, merged, name, where)
+        fields = _mla_or_gpt_oss_fields(arch, merged, name, where)
+        if context := context_length(merged, where):
+            fields["context_length"] = context
+        return fields
     get = _Reader(merged, where)
     layers = get.int("num_hidden_layers")
     hidden = get.int("hidden_size")
@@ -156,11 +159,45 @@ def spec_fields(config: dict[str, Any], name: str, where: str = "config.json") -
         fields["quantization"] = quant
     if arch in MOE:
         fields.update(_moe_fields(arch, get))
+    context = context_length(merged, where)
+    if context:
+        fields["context_length"] = context
     window, sliding = _sliding_layers(arch, merged, get, layers)
     if window:
         fields["sliding_window"] = window
         fields["num_sliding_layers"] = sliding
     return fields
+
+
+# The keys vLLM reads a model's length from, the smallest present winning (vllm/config.py
+# ``_get_and_verify_max_len``, e.g. commit 2ac6d0e L1870; vllm/config/model.py in later releases).
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_sequence_length", "max_seq_length", "seq_len")
+# rope types whose max_position_embeddings already is the scaled length (vLLM leaves them unscaled)
+_ROPE_UNSCALED = ("su", "longrope", "llama3")
+
+
+def context_length(config: dict[str, Any], where: str = "config.json") -> int:
+    """The model's length as vLLM derives it when ``--max-model-len`` is not given: the smallest of
+    the length keys present, times the rope-scaling ``factor`` unless the rope type already
+    counts it (``llama3``, ``longrope``, ``su``); for ``yarn``, ``original_max_position_embeddings``
+    × factor. 0 when the config states no length (vLLM then assumes 2048 and warns; cbsim asks
+    for ``engine.max_model_len`` instead: :func:`sim.scenario.schema.Scenario`)."""
+    found = [v for k in _LENGTH_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0]
+    if not found:
+        return 0
+    length: float = min(found)
+    rope = config.get("rope_scaling")
+    if isinstance(rope, dict):
+        kind = rope.get("rope_type", rope.get("type"))
+        if kind not in _ROPE_UNSCALED and kind is not None:
+            factor = rope.get("factor", 1.0)
+            if not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 0:
+                raise CbsimError(f"{where}: field 'rope_scaling.factor' must be a positive number, got {factor!r}")
+            if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
+                length = rope["original_max_position_embeddings"]
+            length *= factor
+    return int(length)
 
 
 def _architecture(config: dict[str, Any], where: str) -> str:

@@ -142,11 +142,13 @@ def _resolve_kv(scenario, model: ModelSpec, gpu: GPUSpec) -> tuple[int, int]:
                             max_num_batched_tokens=eng.max_num_batched_tokens, max_num_seqs=eng.max_num_seqs,
                             max_model_len=eng.max_model_len) - 1
     if usable * eng.block_size < eng.max_model_len:
+        # vLLM refuses to start the same way (check_enough_kv_cache_memory, vllm/v1/core/kv_cache_utils.py)
+        own = "" if "max_model_len" in eng.model_fields_set else ", unset: the model's own context length"
         raise CbsimError(
             f"the KV cache of {model.name!r} on {gpu.name} holds {usable} blocks × {eng.block_size} = "
-            f"{usable * eng.block_size} tokens, fewer than engine.max_model_len ({eng.max_model_len}): "
-            f"lower engine.max_model_len, raise hardware.gpu_memory_utilization or tensor_parallel, "
-            f"or pin engine.num_gpu_blocks"
+            f"{usable * eng.block_size:,} tokens, fewer than engine.max_model_len ({eng.max_model_len:,}{own}), "
+            f"so vLLM would not start: set engine.max_model_len to at most {usable * eng.block_size:,}, raise "
+            f"hardware.gpu_memory_utilization or tensor_parallel, or pin engine.num_gpu_blocks"
         )
     return usable, cpu
 

@@ -91,7 +91,7 @@ VOCAB_PADDING = 64
 _POSITIVE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
              "vocab_size")
 _NON_NEGATIVE = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                 "shared_expert_intermediate_size", "sliding_window", "num_sliding_layers")
+                 "shared_expert_intermediate_size", "sliding_window", "num_sliding_layers", "context_length")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -152,6 +152,10 @@ class ModelSpec:
     expert_quantization: str | None = None  # routed experts only: mxfp4 or int4 (weight-only)
     attention_sinks: bool = False
     mtp_layers: int = 0  # recorded, never loaded nor priced (speculative decoding)
+    # the longest sequence the model takes, as vLLM derives it from config.json (max_position_embeddings
+    # with its rope scaling: sim.hardware.hf_config.context_length); engine.max_model_len defaults to
+    # it. 0: not stated (an inline spec without it).
+    context_length: int = 0
 
     def __post_init__(self) -> None:
         for field in _POSITIVE + _NON_NEGATIVE:
@@ -512,6 +516,7 @@ class ModelSpec:
         """The spec as a dict, leaving out new fields at their defaults, so the metadata of
         tables written before they existed still compares equal."""
         data = asdict(self)
+        del data["context_length"]  # prices nothing: a table serves every context length of its model
         for key, default in _OPTIONAL_DEFAULTS.items():
             if data[key] == default:
                 del data[key]
@@ -523,44 +528,51 @@ _OPTIONAL_DEFAULTS = {"num_experts": 0, "num_experts_per_tok": 0, "moe_intermedi
                       "quantization": None, "kv_cache_dtype": None, "kv_lora_rank": 0, "qk_rope_head_dim": 0,
                       "qk_nope_head_dim": 0, "v_head_dim": 0, "q_lora_rank": 0, "first_k_dense_layers": 0,
                       "expert_quantization": None, "attention_sinks": False, "mtp_layers": 0}
+_INLINE_DEFAULTS = {**_OPTIONAL_DEFAULTS, "context_length": 0}
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int,
-           dtype: str = "bf16", head_dim: int | None = None, tied: bool = False) -> ModelSpec:
+           context: int, dtype: str = "bf16", head_dim: int | None = None, tied: bool = False) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim or hidden // heads, inter, vocab,
-                     dtype, tied)
+                     dtype, tied, context_length=context)
 
+
+TINY_CONTEXT = 8192  # the test model's context length (no published config states one)
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
         # meta-llama/Meta-Llama-3-8B config.json: num_hidden_layers 32, hidden_size 4096,
         # num_attention_heads 32, num_key_value_heads 8, intermediate_size 14336,
-        # vocab_size 128256, torch_dtype bfloat16, tie_word_embeddings false (8,030,261,248 params).
-        _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256),
+        # vocab_size 128256, torch_dtype bfloat16, tie_word_embeddings false (8,030,261,248 params),
+        # max_position_embeddings 8192, no rope_scaling.
+        _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
         # meta-llama/Meta-Llama-3-70B config.json: num_hidden_layers 80, hidden_size 8192,
         # num_attention_heads 64, num_key_value_heads 8, intermediate_size 28672,
-        # vocab_size 128256, torch_dtype bfloat16, tie_word_embeddings false.
-        _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256),
+        # vocab_size 128256, torch_dtype bfloat16, tie_word_embeddings false,
+        # max_position_embeddings 8192.
+        _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
         # meta-llama/Llama-2-7b-hf config.json: num_hidden_layers 32, hidden_size 4096,
         # num_attention_heads 32, num_key_value_heads 32 (no GQA), intermediate_size 11008,
-        # vocab_size 32000, torch_dtype float16.
-        _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, dtype="fp16"),
+        # vocab_size 32000, torch_dtype float16, max_position_embeddings 4096.
+        _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, dtype="fp16"),
         # mistralai/Mistral-7B-v0.1 config.json: num_hidden_layers 32, hidden_size 4096,
         # num_attention_heads 32, num_key_value_heads 8, intermediate_size 14336,
         # vocab_size 32000, torch_dtype bfloat16. Its 4096-token sliding window is left out of
         # this id (KV memory is counted for the full context, as before the window was modelled);
-        # model: {hf_config: ...} of the same config.json models the window.
-        _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
+        # model: {hf_config: ...} of the same config.json models the window. max_position_embeddings 32768.
+        _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
         # Qwen/Qwen2.5-7B config.json: num_hidden_layers 28, hidden_size 3584,
         # num_attention_heads 28, num_key_value_heads 4, intermediate_size 18944,
         # vocab_size 152064, torch_dtype bfloat16, tie_word_embeddings false. (Its q/k/v biases,
-        # 28 × 4608 parameters, are left out: under 0.002 % of the weights.)
-        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064),
+        # 28 × 4608 parameters, are left out: under 0.002 % of the weights.) max_position_embeddings
+        # 131072 (the base model's; use_sliding_window false).
+        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 131072),
         # The randomly initialised Llama of ../shared/reference/vllm-cpu-runs/ (its `model` field):
         # hidden 256, intermediate 688, 4 layers, 4 heads, 4 KV heads, head_dim 64, vocab 1000,
-        # fp32, untied embeddings.
-        _llama("tiny", 4, 256, 4, 4, 688, 1000, dtype="fp32", head_dim=64),
+        # fp32, untied embeddings. It has no config.json of its own: its context length is
+        # TINY_CONTEXT (the runs set max_model_len 1024 explicitly).
+        _llama("tiny", 4, 256, 4, 4, 688, 1000, TINY_CONTEXT, dtype="fp32", head_dim=64),
     )
 }
 
@@ -596,7 +608,7 @@ def get_model(spec: Any) -> ModelSpec:
             data["num_kv_heads"] = data["num_heads"]
         if data.get("head_dim") is None and "hidden_size" in data and data.get("num_heads"):
             data["head_dim"] = data["hidden_size"] // data["num_heads"]
-        for key, default in _OPTIONAL_DEFAULTS.items():
+        for key, default in _INLINE_DEFAULTS.items():
             if key in data and data[key] is None:
                 data[key] = default
         unknown = sorted(set(data) - set(_SPEC_KEYS))

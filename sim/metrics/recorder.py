@@ -48,7 +48,7 @@ __all__ = [
 REQUEST_COLUMNS = (
     "id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "generated",
     "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "state", "reason",
-    "preemptions", "swaps", "client", "session", "turn", "token_times_s",
+    "refused", "preemptions", "swaps", "client", "session", "turn", "token_times_s",
 )
 
 # speculative decoding, per request: steps that verified drafts, drafts verified, drafts accepted
@@ -127,6 +127,7 @@ class Recorder:
             "e2e_s": e2e,
             "state": state,
             "reason": [r.reason for r in recs],
+            "refused": np.fromiter((r.refused for r in recs), dtype=bool, count=len(recs)),
             "preemptions": np.fromiter((r.preemptions for r in recs), dtype=np.int64, count=len(recs)),
             "swaps": np.fromiter((r.swaps for r in recs), dtype=np.int64, count=len(recs)),
             # closed loop: the client that sent it; sessions: session and turn (-1: none)

@@ -29,6 +29,7 @@ class RequestRecord:
         "finish_s",
         "state",
         "reason",
+        "refused",
         "req",
         # engine bookkeeping: the token count that ends the request, and the token-time runs
         "finish_at",
@@ -56,6 +57,7 @@ class RequestRecord:
         self.finish_s = float("nan")
         self.state = "unfinished"
         self.reason = ""
+        self.refused = False  # rejected for the load at the time (policies.base.Request.refused)
         self.req: Request | None = None
         self.finish_at = 0
         self.run_step = 0  # replica step of the current run's first token
@@ -107,6 +109,8 @@ class RequestRecord:
         scheduler state go."""
         self.state = state
         self.reason = reason
+        if state == "rejected" and self.req is not None:
+            self.refused = bool(self.req.refused)
         self.release()
 
     def break_run(self, step: int, token: int) -> None:

@@ -50,18 +50,30 @@ def meets_slo_mask(requests: pd.DataFrame, slo) -> pd.Series:
     return ok
 
 
+def refused_mask(requests: pd.DataFrame) -> np.ndarray:
+    """Requests rejected for the load at the time (TGI's 429: ``refused``), as opposed to those
+    rejected for themselves (a prompt longer than the model takes, a request no empty pool holds).
+    A frame without the column (a recorded run) has none."""
+    if "refused" not in requests:
+        return np.zeros(len(requests), dtype=bool)
+    return requests["refused"].to_numpy(dtype=bool) & (requests["state"] == "rejected").to_numpy()
+
+
 def run_meets_slo(requests: pd.DataFrame, slo) -> bool | None:
     """A run meets the SLO when the SLO's percentile of each bounded metric is within bound.
 
     Requests that did not finish count as infinitely late, so an overloaded run that leaves a
-    backlog cannot pass; a run that finished nothing does not meet it either. (A percentile that
-    falls between two infinite values is NaN, which must count as a violation: hence
-    ``not (p <= bound)`` rather than ``p > bound``.)"""
+    backlog cannot pass, and so do requests *refused* for the load (``refused``: HTTP 429, a full
+    queue): a client turned away was not served in time, and an engine must not meet an SLO by
+    refusing the requests that would have missed it. Only requests rejected for themselves (a
+    prompt longer than the model takes) stay out of the percentiles. A run that finished nothing
+    does not meet it. (A percentile that falls between two infinite values is NaN, which must
+    count as a violation: hence ``not (p <= bound)`` rather than ``p > bound``.)"""
     if slo is None or all(getattr(slo, k) is None for k in ("ttft_s", "tpot_s", "e2e_s")):
         return None
     state = requests["state"]
     unfinished = (state != "finished").to_numpy()
-    rejected = (state == "rejected").to_numpy()
+    invalid = (state == "rejected").to_numpy() & ~refused_mask(requests)
     if unfinished.all():
         return False
     for col, bound in (("ttft_s", slo.ttft_s), ("tpot_s", slo.tpot_s), ("e2e_s", slo.e2e_s)):
@@ -71,7 +83,7 @@ def run_meets_slo(requests: pd.DataFrame, slo) -> bool | None:
         if col == "tpot_s":
             vals[np.isnan(vals) & ~unfinished] = 0.0
         vals[unfinished] = np.inf
-        vals = vals[~rejected]
+        vals = vals[~invalid]
         with np.errstate(invalid="ignore"):  # inf - inf between two unfinished requests
             p = np.percentile(vals, slo.percentile) if vals.size else None
         if p is not None and not p <= bound:
@@ -91,6 +103,7 @@ def steady_summary(requests: pd.DataFrame, slo=None) -> dict:
     out = {"window_start_s": window[0] if window else None, "window_end_s": window[1] if window else None,
            "requests_in_window": int(len(inside)),
            "turnover_s": turnover, "too_short": too_short,
+           "refused": int(refused_mask(inside).sum()),
            "offered_rps": None, "achieved_rps": None, "goodput_rps": None, "slo_met": None,
            "ttft_s": stats([]), "tpot_s": stats([]), "e2e_s": stats([])}
     if too_short:
@@ -133,10 +146,25 @@ def memory_sequences(requests: pd.DataFrame, kv_tokens: int | None) -> float | N
     return kv_tokens / footprint if footprint > 0 else None
 
 
+def cut_requests(requests: pd.DataFrame, max_model_len: int | None = None) -> dict[str, int]:
+    """Finished requests the engine stopped before their own end (``generated < output_tokens``,
+    vLLM's finish reason "length"), by why: ``max_model_len`` (prompt + output filled the context,
+    whether through the engine's ``max_tokens`` fill-in or the context check) or ``max_tokens``
+    (the client's own limit)."""
+    fin = requests[requests["state"] == "finished"]
+    gen = fin["generated"].to_numpy()
+    short = gen < fin["output_tokens"].to_numpy()
+    if max_model_len is not None:
+        context = short & (fin["prompt_tokens"].to_numpy() + gen >= max_model_len)
+    else:
+        context = short & (gen < fin["max_tokens"].to_numpy())
+    return {"max_model_len": int(context.sum()), "max_tokens": int((short & ~context).sum())}
+
+
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
               token_budget: int | None, kv_blocks_total: int, peak_flops: float,
               hbm_bandwidth: float, slo=None, num_replicas: int = 1, itl: dict | None = None,
-              kv_tokens_per_replica: int | None = None) -> dict:
+              kv_tokens_per_replica: int | None = None, max_model_len: int | None = None) -> dict:
     """``kv_tokens_per_replica``: one replica's KV pool in tokens (blocks × block size), for
     ``memory_sequences``, ``utilization.batch_vs_memory`` and ``utilization.kv_written`` (null
     without it). ``itl``: the ITL figures (``{"mean", "p50", "p90", "p99"}``) computed elsewhere: the
@@ -184,7 +212,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         "requests_total": int(len(requests)),
         "requests_finished": n_fin,
         "requests_rejected": int((requests["state"] == "rejected").sum()),
+        # of those: refused for the load (429: infinitely late in every verdict) and invalid on
+        # their own (left out of the verdicts)
+        "requests_refused": int(refused_mask(requests).sum()),
+        "requests_invalid": int((requests["state"] == "rejected").sum() - refused_mask(requests).sum()),
         "requests_unfinished": int((requests["state"] == "unfinished").sum()),
+        "requests_cut": cut_requests(requests, max_model_len),
         "duration_s": span,
         "throughput_rps": throughput,
         "output_tps": out_tokens / span if span > 0 else 0.0,

@@ -33,6 +33,11 @@ saturation), and (unless ``monotone`` is false) one at ``rate_rps·(1 − tolera
 ``goodput_rps``, ``offered_rps`` and ``achieved_rps`` are the steady-window figures of the run at
 ``rate_rps``; offered and achieved side by side show that the server keeps up there.
 
+Seeds: with ``seeds`` = K every probe is judged at the scenario's seed and the K − 1 after it, and a
+rate meets only when every seed meets (:func:`sim.planning.probe.judge_seeds`); ``spread`` states the
+binding percentile's min and max over the seeds at ``rate_rps``. ``cbsim capacity`` judges 3 seeds
+by default (``--seeds``); the Python API 1.
+
 Requests: the probe size grows until the verdict is stable, so the scenario's ``num_requests``
 is where growth starts. ``min_requests`` (:func:`min_requests`) is still reported: below it a
 run of the scenario's own size could not show an overload of ``tolerance`` in its TTFT tail.
@@ -74,6 +79,8 @@ class Capacity:
     probes: list[tuple[float, bool]] = field(default_factory=list)  # (rate, met), in probe order
     disaggregated: bool = False  # the scenario's disaggregated entry, searched as one topology
     gpus: int | None = None  # GPUs the searched layout runs on (all replicas, or both pools)
+    seeds: int = 1  # workload seeds judged at every probe (each must meet: sim.planning.probe.judge_seeds)
+    spread: dict | None = None  # at rate_rps, over the seeds: the binding percentile's min and max
     summary: dict = field(default_factory=dict, repr=False)  # the run at rate_rps
     # closed-loop clients (sim.planning.concurrency): the highest concurrency meeting the SLO, the
     # lowest found to violate it; rate_rps is then the steady finish rate of the run there
@@ -144,21 +151,21 @@ class _Probe:
     """Judges one policy at a rate (:func:`sim.planning.probe.judge`), caching by rate, and keeps
     the order of the probes."""
 
-    def __init__(self, scn, label: str, saturated: float | None):
-        self.scn, self.label, self.saturated = scn, label, saturated
+    def __init__(self, scn, label: str, saturated: float | None, seeds: int = 1):
+        self.scn, self.label, self.saturated, self.seeds = scn, label, saturated, seeds
         self.verdicts: dict = {}
         self.order: list[float] = []
 
     def met(self, rate: float) -> bool:
-        from sim.planning.probe import judge
+        from sim.planning.probe import judge_seeds
         from sim.planning.progress import point
 
         if rate not in self.verdicts:
             # every probe sizes itself from num_requests (no carried-over start), so a fresh probe
             # at the same rate reproduces its verdict exactly
             with point(f"{self.label} at {rate:.4g} req/s"):
-                self.verdicts[rate] = judge(self.scn, self.label, [f"workload.arrival.rate={rate!r}"], rate,
-                                            self.saturated)
+                self.verdicts[rate] = judge_seeds(self.scn, self.label, [f"workload.arrival.rate={rate!r}"], rate,
+                                                  self.saturated, self.seeds)
             self.order.append(rate)
         return self.verdicts[rate].met
 
@@ -177,9 +184,9 @@ class _Probe:
         return sum(v.runs for v in self.verdicts.values())
 
 
-def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Capacity:
+def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE, seeds: int = 1) -> Capacity:
     """The capacity of one policy, or of the disaggregated topology (see the module docstring for
-    the algorithm and guarantee)."""
+    the algorithm and guarantee); with ``seeds`` > 1 a rate meets only when every seed meets."""
     from sim.planning.probe import is_disaggregated, saturated_rate
 
     if not 0 < tolerance < 1:
@@ -188,13 +195,13 @@ def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Ca
     if is_closed_loop(scn):
         from sim.planning.concurrency import search_concurrency
 
-        return Capacity(**search_concurrency(scn, label, tolerance))
+        return Capacity(**search_concurrency(scn, label, tolerance, seeds))
     start = require_rate(scn)
     disaggregated = is_disaggregated(scn, label)
     units = 1 if disaggregated else scn.replicas.count  # what saturates at the burst's rate
     one, _ = saturated_rate(scn, label)
     saturated = None if one is None else one * units
-    probe = _Probe(scn, label, saturated)
+    probe = _Probe(scn, label, saturated, seeds)
     ceiling = saturated if saturated is not None else math.inf
     if start >= ceiling:
         start = ceiling * (1 - tolerance) / (1 + tolerance)
@@ -257,13 +264,15 @@ def search_capacity(scn, label: str, tolerance: float = DEFAULT_TOLERANCE) -> Ca
         probes=[(r, probe.verdicts[r].met) for r in probe.order],
         disaggregated=disaggregated,
         gpus=s.get("gpus", scn.replicas.count * scn.hardware.count),
+        seeds=seeds,
+        spread=best.spread,
         summary=s,
     )
 
 
 def capacity(scenario, overrides: Iterable[str] = (), policies: Iterable[str] | None = None,
              tolerance: float = DEFAULT_TOLERANCE, workers: int | None = None, backend: str = "local",
-             ray_address: str | None = None) -> dict[str, Capacity]:
+             ray_address: str | None = None, seeds: int = 1) -> dict[str, Capacity]:
     """Every (or the chosen) policy's capacity, and the disaggregated entry's when the scenario has
     one, searched in parallel over labels; label -> result in the scenario's policy order, the
     disaggregated entry last."""
@@ -276,15 +285,21 @@ def capacity(scenario, overrides: Iterable[str] = (), policies: Iterable[str] | 
         require_rate(scn)
     if not 0 < tolerance < 1:
         raise CbsimError(f"--tolerance must be between 0 and 1 (a fraction: 0.02 is 2 %), got {tolerance}")
+    check_seeds(seeds)
     labels = labels_of(scn, policies, disaggregated=True)
     results: dict[str, Capacity] = {}
 
     def keep(i: int, res: Capacity) -> None:
         results[labels[i]] = res
 
-    execute(search_capacity, [(scn, label, tolerance) for label in labels], keep, backend=backend,
+    execute(search_capacity, [(scn, label, tolerance, seeds) for label in labels], keep, backend=backend,
             workers=workers, ray_address=ray_address)
     return {label: results[label] for label in labels}
+
+
+def check_seeds(seeds: int) -> None:
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= 100:
+        raise CbsimError(f"--seeds must be a whole number of workload seeds from 1 to 100, got {seeds!r}")
 
 
 def smallest(met: Callable[[int], bool], hi: int, lo_fail: int = 0) -> int | None:

@@ -55,18 +55,18 @@ def batch_slots(scn, label: str) -> int:
     return resolve(scn).limits_for(entry.name, policy_knobs(scn, entry)).max_num_seqs * scn.replicas.count
 
 
-def search_concurrency(scn, label: str, tolerance: float) -> dict:
+def search_concurrency(scn, label: str, tolerance: float, seeds: int = 1) -> dict:
     """The highest concurrency meeting the SLO (module docstring), as the fields of a
     :class:`sim.planning.capacity.Capacity` (which builds it: no import circle) whose
     ``concurrency`` is set and whose rates are those of the run there."""
-    from sim.planning.probe import is_disaggregated, judge
+    from sim.planning.probe import is_disaggregated, judge_seeds
 
     verdicts: dict[int, object] = {}
     order: list[int] = []
 
     def met(n: int) -> bool:
         if n not in verdicts:
-            verdicts[n] = judge(scn, label, probe_overrides(scn, n), float(n), None)
+            verdicts[n] = judge_seeds(scn, label, probe_overrides(scn, n), float(n), None, seeds)
             order.append(n)
         return verdicts[n].met
 
@@ -129,6 +129,8 @@ def search_concurrency(scn, label: str, tolerance: float) -> dict:
         summary=s,
         concurrency=lo,
         violating_concurrency=hi,
+        seeds=seeds,
+        spread=best.spread,
     )
 
 

@@ -20,6 +20,16 @@ hour; at R requests per second an hour serves ``3600·R`` requests, so
 
 This is the cost of provisioning for R (all the replicas stay up for the hour), not of only the
 busy time; without ``cost_per_gpu_hour`` only GPU-hours are reported.
+
+Replicas smooth arrivals. A router spreading a Poisson stream of R req/s round-robin gives each of
+n replicas R/n req/s with *more regular* gaps (every n-th arrival: gamma-distributed gaps, cv
+1/√n) than one replica sees at that rate from its own Poisson stream, so queues are shorter and n
+replicas can pass at R/n above one replica's capacity. ``per_replica_rps`` is the R/n each
+replica was judged at.
+
+Seeds: with ``seeds`` = K every count is judged at K workload seeds and meets only when each
+does (:func:`sim.planning.probe.judge_seeds`); ``spread`` states the binding percentile's min and
+max over them at the chosen count. ``cbsim plan`` judges 3 by default (``--seeds``).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from sim.errors import CbsimError
-from sim.planning.capacity import labels_of, require_rate, require_slo, smallest
+from sim.planning.capacity import check_seeds, labels_of, require_rate, require_slo, smallest
 
 DEFAULT_MAX_REPLICAS = 64
 
@@ -55,6 +65,9 @@ class Plan:
     stable: bool = True  # every probe's verdict agreed between two sizes in a row
     unstable_counts: list[int] = field(default_factory=list)
     probes: list[tuple[int, bool]] = field(default_factory=list)  # (replicas, met), in probe order
+    per_replica_rps: float | None = None  # the offered rate each of the `replicas` replicas was judged at
+    seeds: int = 1  # workload seeds judged for every count (each must meet)
+    spread: dict | None = None  # at `replicas`, over the seeds: the binding percentile's min and max
     summary: dict = field(default_factory=dict, repr=False)  # the run with `replicas` replicas
     # closed-loop clients: the concurrency planned for (target_rate_rps is then the steady finish
     # rate of the run with `replicas`, which the cost figures use)
@@ -76,9 +89,11 @@ def costs(replicas: int, gpus_per_replica: int, rate: float, price: float | None
     return out
 
 
-def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT_MAX_REPLICAS) -> Plan:
-    """The smallest replica count for one policy (see the module docstring)."""
-    from sim.planning.probe import judge, saturated_rate
+def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT_MAX_REPLICAS,
+                seeds: int = 1) -> Plan:
+    """The smallest replica count for one policy (see the module docstring); with ``seeds`` > 1 a
+    count meets only when every seed meets."""
+    from sim.planning.probe import judge_seeds, saturated_rate
     from sim.planning.progress import point
 
     with point(label):
@@ -89,8 +104,8 @@ def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT
     def met(n: int) -> bool:
         if n not in verdicts:
             with point(f"{label}, {n} replica(s) at {target_rate:g} req/s"):
-                verdicts[n] = judge(scn, label, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
-                                    target_rate / n, saturated)
+                verdicts[n] = judge_seeds(scn, label, [f"workload.arrival.rate={target_rate!r}", f"replicas.count={n}"],
+                                          target_rate / n, saturated, seeds)
             order.append(n)
         return verdicts[n].met
 
@@ -113,24 +128,28 @@ def plan_policy(scn, label: str, target_rate: float, max_replicas: int = DEFAULT
         stable=all(v.stable for v in verdicts.values()),
         unstable_counts=[k for k in order if not verdicts[k].stable],
         probes=[(k, verdicts[k].met) for k in order],
+        per_replica_rps=target_rate / best if best is not None else None,
+        seeds=seeds,
+        spread=verdicts[best].spread if best is not None else None,
         summary=s,
     )
 
 
-def plan_closed_loop(scn, label: str, concurrency: int, max_replicas: int = DEFAULT_MAX_REPLICAS) -> Plan:
+def plan_closed_loop(scn, label: str, concurrency: int, max_replicas: int = DEFAULT_MAX_REPLICAS,
+                     seeds: int = 1) -> Plan:
     """The smallest replica count whose run with ``concurrency`` closed-loop clients meets the SLO
     in steady state (:mod:`sim.planning.concurrency`: no saturation shortcut, the clients pace
     themselves); the cost figures use that run's steady finish rate."""
     from sim.planning.concurrency import probe_overrides
-    from sim.planning.probe import judge
+    from sim.planning.probe import judge_seeds
 
     verdicts: dict = {}
     order: list[int] = []
 
     def met(n: int) -> bool:
         if n not in verdicts:
-            verdicts[n] = judge(scn, label, probe_overrides(scn, concurrency, [f"replicas.count={n}"]),
-                                concurrency / n, None)
+            verdicts[n] = judge_seeds(scn, label, probe_overrides(scn, concurrency, [f"replicas.count={n}"]),
+                                      concurrency / n, None, seeds)
             order.append(n)
         return verdicts[n].met
 
@@ -150,12 +169,14 @@ def plan_closed_loop(scn, label: str, concurrency: int, max_replicas: int = DEFA
         probe_requests=s.get("requests_total"), stable=all(v.stable for v in verdicts.values()),
         unstable_counts=[k for k in order if not verdicts[k].stable],
         probes=[(k, verdicts[k].met) for k in order], summary=s, target_concurrency=concurrency,
+        seeds=seeds, spread=verdicts[best].spread if best is not None else None,
     )
 
 
 def plan(scenario, target_rate: float | None, overrides: Iterable[str] = (), policies: Iterable[str] | None = None,
          max_replicas: int = DEFAULT_MAX_REPLICAS, workers: int | None = None, backend: str = "local",
-         ray_address: str | None = None, target_concurrency: int | None = None) -> dict[str, Plan]:
+         ray_address: str | None = None, target_concurrency: int | None = None,
+         seeds: int = 1) -> dict[str, Plan]:
     """A plan per (chosen) policy, searched in parallel over policies; label -> Plan. The load is
     ``target_rate`` (open-loop arrivals) or ``target_concurrency`` (closed-loop clients)."""
     from sim.planning.capacity import is_closed_loop
@@ -166,6 +187,7 @@ def plan(scenario, target_rate: float | None, overrides: Iterable[str] = (), pol
         raise CbsimError(f"--max-replicas must be at least 1, got {max_replicas}")
     scn = load_scenario(scenario, list(overrides))
     require_slo(scn, "plan")
+    check_seeds(seeds)
     closed = is_closed_loop(scn)
     if closed:
         if target_rate is not None:
@@ -189,9 +211,9 @@ def plan(scenario, target_rate: float | None, overrides: Iterable[str] = (), pol
         results[labels[i]] = res
 
     if closed:
-        execute(plan_closed_loop, [(scn, label, target_concurrency, max_replicas) for label in labels], keep,
+        execute(plan_closed_loop, [(scn, label, target_concurrency, max_replicas, seeds) for label in labels], keep,
                 backend=backend, workers=workers, ray_address=ray_address)
     else:
-        execute(plan_policy, [(scn, label, float(target_rate), max_replicas) for label in labels], keep,
+        execute(plan_policy, [(scn, label, float(target_rate), max_replicas, seeds) for label in labels], keep,
                 backend=backend, workers=workers, ray_address=ray_address)
     return {label: results[label] for label in labels}

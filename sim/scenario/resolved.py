@@ -60,8 +60,12 @@ class Deployment:
         take that policy's engine defaults on this GPU, and the KV pool is sized with them
         (:mod:`sim.scenario.batch_limits`). ``limits`` is the same for policies without defaults of
         their own."""
+        from policies.registry import POLICIES
         from sim.scenario.batch_limits import sized_for
 
+        cls = POLICIES.get(policy)
+        if cls is not None and cls.kv_sizing in ("sglang", "tgi") and self.scenario.engine.num_gpu_blocks is None:
+            return own_pool_limits(self, cls, knobs or {})
         scn = sized_for(self.scenario, self.gpu, policy, knobs)
         if _kv_sizing(policy) == "trtllm":
             return trtllm_limits(scn, self.model, self.gpu, knobs or {})
@@ -82,6 +86,12 @@ class Deployment:
         if e.num_gpu_blocks is not None:
             return f"pinned: engine.num_gpu_blocks {e.num_gpu_blocks} of {e.block_size} tokens"
         limits = self.limits_for(policy, knobs)
+        if _kv_sizing(policy) == "sglang":
+            return (f"SGLang: (memory × mem_fraction_static − weights) / KV bytes per token = "
+                    f"{limits.num_gpu_blocks * limits.block_size:,} tokens (sim/hardware/engine_memory.py)")
+        if _kv_sizing(policy) == "tgi":
+            return (f"TGI warm-up: (memory − weights − one prefill of max_batch_prefill_tokens) × 0.90 = "
+                    f"{limits.num_gpu_blocks * limits.block_size:,} tokens (sim/hardware/engine_memory.py)")
         return (f"vLLM: (memory × gpu_memory_utilization {self.scenario.hardware.gpu_memory_utilization} − weights − "
                 f"profiling peak) = {limits.num_gpu_blocks:,} usable blocks of {limits.block_size}")
 
@@ -110,6 +120,37 @@ def engine_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec) -> EngineLimits
         max_model_len=e.max_model_len,
         device=device_of(gpu, scn.hardware.tensor_parallel),
     )
+
+
+def own_pool_limits(dep: Deployment, cls, knobs: dict) -> EngineLimits:
+    """The limits of a policy whose engine sizes its KV pool by its own rule (SGLang's
+    ``mem_fraction_static``, TGI's warm-up: :mod:`sim.hardware.engine_memory`), then takes its own
+    batch defaults from that pool (SGLang's running cap) through the policy's ``resolve_limits``."""
+    from policies.sglang import sglang_chunk_default
+    from sim.hardware.engine_memory import sglang_pool_tokens, tgi_pool_tokens
+    from sim.scenario.batch_limits import device_of
+
+    scn, model, gpu = dep.scenario, dep.model, dep.gpu
+    e, tp, ep = scn.engine, dep.tensor_parallel, expert_parallel(scn.hardware)
+    device = device_of(gpu, tp)
+    merged = {k: knob.default for k, knob in cls.KNOBS.items()}
+    merged.update(knobs)
+    if cls.kv_sizing == "sglang":
+        chunk = merged.get("chunked_prefill_size")
+        if chunk is None:
+            chunk = e.max_num_batched_tokens if e.max_num_batched_tokens is not None else sglang_chunk_default(device)
+        tokens = sglang_pool_tokens(model, gpu, tp, ep, int(chunk), merged.get("mem_fraction_static"),
+                                    e.max_model_len, int(merged.get("max_prefill_tokens") or 16384))
+    elif cls.kv_sizing == "tgi":
+        tokens = tgi_pool_tokens(model, gpu, tp, ep, int(merged["max_batch_prefill_tokens"]), int(merged["block_size"]),
+                                 e.max_model_len)
+    else:
+        raise ValueError(f"no KV pool rule {cls.kv_sizing!r}")
+    unset = EngineLimits(block_size=e.block_size, num_gpu_blocks=max(tokens // e.block_size, 1),
+                         num_cpu_blocks=dep.limits.num_cpu_blocks, max_num_seqs=e.max_num_seqs,
+                         max_num_batched_tokens=e.max_num_batched_tokens, max_model_len=e.max_model_len,
+                         device=device)
+    return cls.resolve_limits(unset, merged)
 
 
 def _kv_sizing(policy: str) -> str:

@@ -104,6 +104,10 @@ class ModelSpecConfig(BaseModel):
                                                                  "weight-only; null: as quantization")
     attention_sinks: bool = Field(False, description="gpt-oss's per-head attention sinks (recorded; priced as "
                                                      "zero: one logit per head)")
+    context_length: int | None = Field(None, gt=0, le=MAX_TOKENS,
+                                       description="the longest sequence the model takes (its "
+                                                   "max_position_embeddings, rope scaling applied): "
+                                                   "engine.max_model_len's default; null: set engine.max_model_len")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpecConfig:
@@ -248,8 +252,12 @@ class Engine(BaseModel):
                                                            "each policy's engine default on this GPU "
                                                            "(vllm-v1: vLLM 0.32's, e.g. 8192 on H100/H200, "
                                                            "2048 on A100/L40S; others 8192)")
-    max_model_len: int = Field(8192, ge=1, le=MAX_TOKENS,
-                               description="longest prompt + output; longer requests are rejected")
+    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                      description="longest prompt + output; longer prompts are rejected and "
+                                                  "outputs stop there (counted as cut); null: the model's own "
+                                                  "context length (config.json max_position_embeddings with "
+                                                  "its rope scaling, as vLLM), refused when the KV pool cannot "
+                                                  "hold one such request")
     swap_space_gib: float = Field(4.0, ge=0, description="GiB of host memory per GPU for swapped-out KV blocks")
     num_gpu_blocks: int | None = Field(None, ge=1, le=MAX_KV_BLOCKS,
                                        description="pin the usable KV block count; null: computed from "
@@ -548,8 +556,10 @@ class Workload(BaseModel):
                                                   "trace: its lengths)")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
                                    description="the clients' max_tokens for every request (outputs "
-                                   "longer are cut to it); null: max_model_len - prompt for synthetic lengths, "
-                                   "output_tokens for traces and written-out requests")
+                                   "longer are stopped there, and counted); null: a trace's own max_tokens "
+                                   "column where it has one, else what the engine fills in, max_model_len - "
+                                   "prompt (for traces and synthetic lengths alike; written-out requests: "
+                                   "output_tokens)")
     trace: TraceSource | None = Field(None, description="replay a trace file; null: synthetic")
     prefix: Prefix | None = Field(None, description="shared prompt prefixes; null: every prompt unique")
     sessions: Sessions | None = Field(None, description="multi-turn sessions (docs/sessions.md); then "
@@ -991,6 +1001,7 @@ class Scenario(BaseModel):
                 raise KeyedError(f"policies.{i}.label", f"{entry.label!r} is already the label of "
                                  f"policies.{seen[entry.label]}; give each entry a distinct label")
             seen[entry.label] = i
+        self._fill_max_model_len(model)
         if self.disaggregation is not None:
             self._check_disaggregation(model, seen)
         prefix = self.workload.prefix
@@ -998,6 +1009,23 @@ class Scenario(BaseModel):
             raise KeyedError("workload.prefix.prefix_len", f"must be < engine.max_model_len "
                                                            f"({self.engine.max_model_len})")
         return self
+
+    def _fill_max_model_len(self, model) -> None:
+        """``engine.max_model_len`` left unset takes the model's context length, as vLLM's does
+        (``_get_and_verify_max_len``: sim.hardware.hf_config.context_length). It is filled in without
+        counting as set, so a scenario re-validated with another model takes that model's length."""
+        engines = [("engine", self.engine)]
+        if self.disaggregation is not None:
+            engines += [(f"disaggregation.{pool}.engine", getattr(self.disaggregation, pool).engine)
+                        for pool in ("prefill", "decode")]
+        for where, engine in engines:
+            if engine is None or engine.max_model_len is not None:
+                continue
+            if not model.context_length:
+                raise KeyedError(f"{where}.max_model_len",
+                                 f"is unset and the model {model.name!r} states no context length; set "
+                                 f"{where}.max_model_len (or the inline model's context_length)")
+            object.__setattr__(engine, "max_model_len", model.context_length)
 
     def _check_disaggregation(self, model, labels: dict[str, int]) -> None:
         from sim.hardware.gpus import get_gpu

@@ -19,8 +19,8 @@ class RequestSpec:
     id: str
     arrival_s: float
     prompt_tokens: int
-    output_tokens: int  # where the model would emit EOS (what it really generates)
-    max_tokens: int  # the client's limit, >= output_tokens
+    output_tokens: int  # where the model would emit EOS (what it would generate with no limit)
+    max_tokens: int  # the client's limit (or the engine's fill-in): the engine stops the request there
     priority: int = 0
     # prompt content as runs of (key, length): equal runs = shared prefix (see policies.base)
     prompt_runs: tuple[tuple[Any, int], ...] | None = None
@@ -29,3 +29,4 @@ class RequestSpec:
     session: int = -1  # multi-turn sessions: the session and the turn (0-based); -1: not a session
     turn: int = -1
     think_s: float = 0.0  # a session's later turn: sent this long after the previous turn ended
+    cut: str = ""  # what the workload changed in this request, and why ("": nothing; counted by the run)

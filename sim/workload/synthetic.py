@@ -37,13 +37,19 @@ Lengths (``prompt_tokens``, ``output_tokens``), integers >= 1:
   drawn through its quantiles (:mod:`sim.workload.azure_conv`: a lognormal cannot match that
   trace's bimodal outputs, mean 211 / median 129 / p99 601);
 - ``trace``: the trace's column (see above).
-Synthetic lengths are kept servable: a prompt is clipped to ``max_model_len − 1`` tokens and an
-output to ``max_model_len − prompt`` (a model cannot generate past its context). Trace and
-written-out lengths are never clipped: an over-long request is rejected by the engine, as vLLM does.
+Synthetic prompts are kept servable: a prompt is clipped to ``max_model_len − 1`` tokens, and the
+run counts the clipped ones (``workload_cuts``). Output lengths are where the model would stop (its
+EOS) and are never clipped: the engine stops a request at ``max_tokens`` or at ``max_model_len``, as
+vLLM does (finish reason "length"), and the summary counts those it cut (``requests_cut``). Trace
+and written-out lengths are never clipped: an over-long prompt is rejected by the engine, as vLLM
+does.
 
-``max_tokens`` (the client's limit, DESIGN.md "Words"): ``workload.max_tokens`` when set (longer
-outputs are cut to it: the client's limit stops generation); else the exact output length for
-traces and written-out requests; else ``max_model_len − prompt``.
+``max_tokens`` (the client's limit, DESIGN.md "Words"): ``workload.max_tokens`` when set; else a
+trace's own client limit (a plain CSV's ``max_tokens`` column) or a written-out request's; else what
+the engine fills in when the client sends none, ``max_model_len − prompt`` (vLLM's OpenAI server),
+for traces and synthetic lengths alike. Never the output length: no client knows it, and a policy
+that reserves or estimates by ``max_tokens`` (TGI, Orca, SGLang) would read the future. (Written-out
+requests without one keep ``output_tokens``: they are lessons written with their limit.)
 
 Shared prefixes (``workload.prefix``): each synthetic request draws one of ``num_groups`` groups
 uniformly; its prompt is the group's first ``prefix_len`` tokens followed by its own tokens,
@@ -64,6 +70,8 @@ from sim.workload.request_spec import RequestSpec
 
 if TYPE_CHECKING:
     from sim.scenario.schema import Scenario
+
+PROMPT_CLIPPED = "prompt clipped to engine.max_model_len - 1"  # a RequestSpec's cut
 
 
 def build_workload(scenario: Scenario) -> list[RequestSpec]:
@@ -115,23 +123,26 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         if trace is not None and "trace" in (w.prompt_tokens.dist, w.output_tokens.dist):
             rows = rng(scenario.seed, ROWS).integers(0, len(trace), size=n)
 
+    clipped = np.zeros(n, dtype=bool)
     if w.prompt_tokens.dist == "trace":
         prompt = trace.prompt_tokens[rows]
     else:
-        prompt = np.clip(sample_lengths(w.prompt_tokens, n, rng(scenario.seed, PROMPT)), 1, max(max_len - 1, 1))
+        drawn = np.maximum(sample_lengths(w.prompt_tokens, n, rng(scenario.seed, PROMPT)), 1)
+        prompt = np.minimum(drawn, max(max_len - 1, 1))
+        clipped = drawn > prompt
     if w.output_tokens.dist == "trace":
         output = trace.output_tokens[rows]
     else:
-        room = np.maximum(max_len - prompt, 1)
-        output = np.clip(sample_lengths(w.output_tokens, n, rng(scenario.seed, OUTPUT), "output"), 1, room)
+        output = np.maximum(sample_lengths(w.output_tokens, n, rng(scenario.seed, OUTPUT), "output"), 1)
+
+    from sim.workload.traces import client_max_tokens, engine_max_tokens
 
     if w.max_tokens is not None:
-        output = np.minimum(output, w.max_tokens)
         max_tokens = np.full(n, w.max_tokens, dtype=np.int64)
-    elif w.output_tokens.dist == "trace":
-        max_tokens = output
+    elif trace is not None and rows is not None:  # the rows' own client limits
+        max_tokens = client_max_tokens(trace.max_tokens[rows], prompt, max_len)
     else:
-        max_tokens = np.maximum(max_len - prompt, output)
+        max_tokens = engine_max_tokens(prompt, max_len)
 
     trace_runs = None
     if (replay or closed) and w.prompt_tokens.dist == "trace" and trace.prompt_runs is not None:
@@ -159,7 +170,7 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         order = np.argsort(arrivals, kind="stable")
     width = max(6, len(str(max(n - 1, 0))))
     specs = []
-    arr_l, p_l, o_l, m_l = (a[order].tolist() for a in (arrivals, prompt, output, max_tokens))
+    arr_l, p_l, o_l, m_l, c_l = (a[order].tolist() for a in (arrivals, prompt, output, max_tokens, clipped))
     for i, src in enumerate(order.tolist()):
         rid = f"r{i:0{width}d}"
         p = p_l[i]
@@ -177,7 +188,8 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
                 runs += ((("req", rid), p - shared),)
         else:
             runs = None  # the request's own content: Request's default (("req", id), prompt), kept implicit
-        specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs))
+        specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs,
+                                 cut=PROMPT_CLIPPED if c_l[i] else ""))
     return specs
 
 

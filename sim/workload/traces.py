@@ -1,8 +1,12 @@
 """Trace readers: real request logs replayed as workloads.
 
 Three formats, each read into one :class:`Trace` (columns as numpy arrays) and from there into
-:class:`sim.workload.request_spec.RequestSpec` lists. A trace gives exact lengths, so every request's
-``max_tokens`` equals its ``output_tokens`` (the client asked for exactly what was generated).
+:class:`sim.workload.request_spec.RequestSpec` lists. A trace's ``output_tokens`` is what was
+generated, which no client knew in advance, so it never becomes ``max_tokens``: a request's
+``max_tokens`` is the client's limit where the trace has one (the plain CSV's ``max_tokens``
+column), else what the engine fills in when the client sends none (vLLM: ``max_model_len − prompt``,
+:func:`engine_max_tokens`). Otherwise a reservation policy (TGI, Orca) or SGLang's admission
+estimate would read the future from it.
 
 - ``azure``: the Azure LLM inference trace CSV (Patel et al., Splitwise, ISCA'24), header
   ``TIMESTAMP,ContextTokens,GeneratedTokens``, timestamps like ``2023-11-16 18:15:46.6805900``.
@@ -14,7 +18,7 @@ Three formats, each read into one :class:`Trace` (columns as numpy arrays) and f
   prompts agree token by token exactly where their ids agree, and the KV blocks they cover get
   equal prefix-cache hashes at any block size.
 - ``csv``: a plain CSV with header ``arrival_s,prompt_tokens,output_tokens`` and optionally
-  ``max_tokens`` (>= output_tokens; default output_tokens) and ``priority`` (default 0), and
+  ``max_tokens`` (the client's limit, >= output_tokens; default: none sent) and ``priority`` (default 0), and
   ``session_id`` (any text) with ``turn`` (an integer >= 0): rows of one session replay as its
   turns (:mod:`sim.workload.sessions`, docs/sessions.md).
 
@@ -58,7 +62,7 @@ class Trace:
     arrival_s: np.ndarray  # float64 seconds
     prompt_tokens: np.ndarray  # int64
     output_tokens: np.ndarray  # int64
-    max_tokens: np.ndarray  # int64, >= output_tokens
+    max_tokens: np.ndarray  # int64: the client's limit (>= output_tokens), 0 where it sent none
     priority: np.ndarray  # int64
     prompt_runs: tuple | None = None  # per row: tuple of (key, length) runs, or None
     session: np.ndarray | None = None  # csv with session_id and turn: int64 session (in order of appearance)
@@ -96,12 +100,15 @@ class Trace:
             turn=None if self.turn is None else self.turn[keep],
         )
 
-    def to_specs(self) -> list[RequestSpec]:
+    def to_specs(self, max_model_len: int) -> list[RequestSpec]:
+        """The requests; ``max_tokens`` where the trace has none is the engine's fill-in at
+        ``max_model_len`` (:func:`engine_max_tokens`)."""
         width = max(6, len(str(max(len(self) - 1, 0))))
         runs = self.prompt_runs
         specs = []
+        limits = client_max_tokens(self.max_tokens, self.prompt_tokens, max_model_len)
         for i, (t, p, o, m, pr) in enumerate(zip(self.arrival_s.tolist(), self.prompt_tokens.tolist(),
-                                                 self.output_tokens.tolist(), self.max_tokens.tolist(),
+                                                 self.output_tokens.tolist(), limits.tolist(),
                                                  self.priority.tolist())):
             rid = f"r{i:0{width}d}"
             # no hash ids: content of its own, Request's default run ("req", id), not stored per request
@@ -109,10 +116,25 @@ class Trace:
         return specs
 
 
+def engine_max_tokens(prompt_tokens, max_model_len: int):
+    """What vLLM's OpenAI server sets ``max_tokens`` to when the client sends none: the room left
+    in the context, ``max_model_len − prompt`` (``get_max_tokens``, vllm/entrypoints/utils.py), at
+    least 1 (a prompt that fills the context is rejected anyway)."""
+    return np.maximum(max_model_len - np.asarray(prompt_tokens, dtype=np.int64), 1)
+
+
+def client_max_tokens(trace_max_tokens, prompt_tokens, max_model_len: int):
+    """Each request's ``max_tokens``: the trace's client limit where it has one (> 0), else the
+    engine's fill-in (:func:`engine_max_tokens`)."""
+    given = np.asarray(trace_max_tokens, dtype=np.int64)
+    return np.where(given > 0, given, engine_max_tokens(prompt_tokens, max_model_len))
+
+
 def read_trace(path: str | Path, format: str | None = None, rate_scale: float = 1.0,
-               window_s: tuple[float, float] | None = None) -> list[RequestSpec]:
-    """Read a trace file into requests (``format`` None: detected from the file)."""
-    return load_trace(path, format).select(window_s, rate_scale).to_specs()
+               window_s: tuple[float, float] | None = None, max_model_len: int = 8192) -> list[RequestSpec]:
+    """Read a trace file into requests (``format`` None: detected from the file; ``max_model_len``
+    sizes the engine's ``max_tokens`` fill-in)."""
+    return load_trace(path, format).select(window_s, rate_scale).to_specs(max_model_len)
 
 
 def load_trace(path: str | Path, format: str | None = None) -> Trace:
@@ -262,7 +284,7 @@ def _read_azure(path: str) -> dict:
     if arrival:
         origin = min(arrival)  # the earliest row, should the file not be sorted
         arrival = [t - origin for t in arrival]
-    return {"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "max_tokens": output,
+    return {"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "max_tokens": [0] * len(output),
             "priority": [0] * len(output)}
 
 
@@ -309,7 +331,7 @@ def _read_mooncake(path: str) -> dict:
             arrival.append(ts / 1000.0)
             prompt.append(n_in)
             output.append(n_out)
-    return {"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "max_tokens": output,
+    return {"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "max_tokens": [0] * len(output),
             "priority": [0] * len(output), "prompt_runs": runs}
 
 
@@ -349,7 +371,7 @@ def _read_csv(path: str) -> dict:
                 raise TraceError(f"{path}:{line}: expected arrival_s to be seconds >= 0, got {_short(text)}")
             p = _int(path, line, "prompt_tokens", row[cols["prompt_tokens"]])
             o = _int(path, line, "output_tokens", row[cols["output_tokens"]])
-            m = o
+            m = 0  # the client sent none
             if "max_tokens" in cols:
                 m = _int(path, line, "max_tokens", row[cols["max_tokens"]])
                 if m < o:

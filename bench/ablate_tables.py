@@ -9,7 +9,7 @@ predicted, never fitted: nothing here changes a table that cbsim ships.
     .venv/bin/python bench/ablate_tables.py RUN TABLE_A TABLE_B [--gpu GPU] [--also decode_attn_mixed+skew]
 
 For the RTX PRO 6000 run of ../shared/reference/gpu-runs/ with A = the kernel-db table and B = the
-LLMServingSim bundle table, this is the evidence behind issue 17's open 10 % bound (README,
+LLMServingSim bundle table, this is the evidence behind issue 17's open 10 % bound (docs/accuracy.md,
 "Accuracy against real GPU runs").
 """
 

@@ -219,9 +219,9 @@ def _request_columns() -> dict[str, bool]:
 
 
 def _step_columns() -> dict[str, bool]:
-    from sim.metrics.steps import STEP_COLUMNS
+    from sim.metrics.steps import ADDED_STEP_COLUMNS, STEP_COLUMNS
 
-    return {"policy": False, **{c: True for c in STEP_COLUMNS}}
+    return {"policy": False, **{c: True for c in STEP_COLUMNS if c not in ADDED_STEP_COLUMNS}}
 
 
 def _remove_empty(folders: list[Path]) -> None:

@@ -1,6 +1,6 @@
 """What ``cbsim`` does with bad input: one clear line on stderr and exit code 2, never a traceback.
 
-Each test here backs one row of the README table "What cbsim does with bad input", and asserts
+Each test here backs one row of the table in docs/bad-input.md, "What cbsim does with bad input", and asserts
 the exact shape of the message a user sees. Most drive ``sim.cli.main.main`` in-process (fast);
 ``test_cli_binary_prints_one_line_and_exits_2`` runs the installed ``cbsim`` script itself.
 """

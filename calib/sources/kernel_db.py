@@ -648,7 +648,7 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
 
 def known_limits(db: KernelDb) -> str:
     """What a user of this table should know before trusting it with a purchase: what the database
-    cannot see, and the one real run it has been checked on (README, "Accuracy against real GPU runs")."""
+    cannot see, and the one real run it has been checked on (docs/accuracy.md)."""
     text = ("the database measures pure-decode batches at one context only: decodes that share a step with a "
             "prefill chunk, and batches of unequal contexts, are priced as if alone and even")
     if db.prices_mixed_decodes:

@@ -17,7 +17,8 @@ def capacity_cmd(
     scenario: shared.ScenarioArg,
     tolerance: float = typer.Option(0.02, "--tolerance", help="relative precision of the answer (0.02 = 2 %)"),
     policy: shared.PolicyOpt = None,
-    json_out: Path = typer.Option(None, "--json", help="also write the results (with every probe) to this JSON file"),
+    json_out: Path = typer.Option(None, "--json", help="also write the results (with every probe) to this JSON file "
+                                  "(- for stdout, the table then on stderr)"),
     set_: shared.SetOpt = None,
     workers: int = shared.workers_option("searched"),
     backend: shared.BackendOpt = "local",
@@ -26,12 +27,12 @@ def capacity_cmd(
 ):
     """Find each policy's capacity (and the disaggregated topology's): bracketing and bisection over the
     arrival rate, to --tolerance."""
-    from rich.console import Console
     from rich.table import Table
 
+    from sim.cli.output import console_for, show_table, widen_when_piped
     from sim.planning.capacity import capacity
 
-    console = Console()
+    console = console_for(shared.json_to_stdout(json_out))
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
     with shared.search_display(console, scn, policy, workers, backend, f"searching capacity to ±{tolerance:.1%}",
@@ -56,9 +57,8 @@ def capacity_cmd(
                   shared.spread_text(r.spread), f"{r.probe_requests:,}", str(r.runs))
         notes += capacity_notes(label, r, tolerance)
         notes += shared.spread_notes(label, r.spread, getattr(scn.slo, r.spread["metric"], None) if r.spread else None)
-    if not console.is_terminal:  # piped or logged: room for every column, not 80 characters
-        console.width = max(console.width, 170)
-    console.print(t)
+    widen_when_piped(console, t)
+    show_table(console, t)
     for label, r in results.items():
         if seeds > 1:
             console.print(f"{label}: spread at {r.rate_rps:.4g} req/s {shared.spread_text(r.spread)}",

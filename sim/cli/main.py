@@ -24,9 +24,15 @@ from sim.cli import (  # noqa: F401
     policies,
     run,
     sweep,
+    tables,
     validate,
 )
 from sim.cli.app import INTERRUPTED, INTERRUPTED_MESSAGE, app
+from sim.cli.flag_checks import attach_checks
+from sim.cli.help_text import escape_help
+
+escape_help(app)  # after every command registered: help renders as written, brackets included
+attach_checks(app)  # every numeric flag refuses inf, nan and absurd values in one line naming it
 
 __all__ = ["INTERRUPTED", "INTERRUPTED_MESSAGE", "app", "main"]
 

@@ -20,7 +20,8 @@ def plan_cmd(
                                            "workload.arrival.concurrency"),
     max_replicas: int = typer.Option(64, "--max-replicas", help="give up above this many replicas"),
     policy: shared.PolicyOpt = None,
-    json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file"),
+    json_out: Path = typer.Option(None, "--json", help="also write the plans to this JSON file (- for stdout, "
+                                  "the table then on stderr)"),
     set_: shared.SetOpt = None,
     workers: int = typer.Option(None, "--workers", "-j", help="policies planned in parallel (default: "
                                 "min(policies, CPUs)); with --disaggregated, worker processes that run "
@@ -35,12 +36,12 @@ def plan_cmd(
                            "pool and the colocated layouts, e.g. 1,2,4 (default: as the scenario sets them)"),
 ):
     """Smallest number of replicas (with the scenario's router) meeting the SLO at --target-rate."""
-    from rich.console import Console
     from rich.table import Table
 
+    from sim.cli.output import console_for, show_table, widen_when_piped
     from sim.planning.plan import plan
 
-    console = Console()
+    console = console_for(shared.json_to_stdout(json_out))
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
     from sim.planning.capacity import is_closed_loop
@@ -88,9 +89,8 @@ def plan_cmd(
                     _num(s.get("ttft_s", {}).get("p99")), _num(s.get("tpot_s", {}).get("p99"), 1e3),
                     shared.spread_text(p.spread)]
         t.add_row(*row, str(p.runs))
-    if not console.is_terminal:  # piped or logged: room for every column, not 80 characters
-        console.width = max(console.width, 170)
-    console.print(t)
+    widen_when_piped(console, t)
+    show_table(console, t)
     for label, p in plans.items():
         if closed:
             console.print(f"{label}: closed loop, served at {_num(p.achieved_rps)} req/s (steady finish rate; the "

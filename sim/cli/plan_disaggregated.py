@@ -24,6 +24,7 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
     from rich.table import Table
 
     from sim.cli import search_options as shared
+    from sim.cli.output import show_table
     from sim.cli.search_progress import SearchProgress
     from sim.planning.disagg_plan import DEFAULT_JOBS, plan_disaggregated
 
@@ -74,7 +75,7 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
         if same is not None:
             t.add_row(f"{label}, same GPUs", str(same["replicas"]), str(same["tensor_parallel"]),
                       str(same["gpus"]), "yes" if same["met"] else "NO", *money(same["gpus"]), *p99(same["p99"]))
-    console.print(t)
+    show_table(console, t)
     for label, c in p.colocated.items():
         same = c["same_gpus"]
         if same is not None and not same["met"] and same.get("saturated"):

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import typer
+
 from sim.cli.app import app
 
 
 @app.command("policies")
-def policies_cmd():
+def policies_cmd(
+    json_: bool = typer.Option(False, "--json", help="print every policy and its knobs as JSON on stdout"),
+):
     """List the scheduling policies and their knobs (set them in a scenario's policy entry)."""
     from rich.console import Console
     from rich.table import Table
 
     from policies.registry import POLICIES
+    from sim.cli.output import print_json, show_table
 
+    if json_:
+        print_json({name: {"summary": cls.summary, "engine_defaults": engine_defaults_line(name, cls),
+                           "knobs": {knob: {"default": k.default, "help": k.help} for knob, k in cls.KNOBS.items()}}
+                    for name, cls in POLICIES.items()})
+        return
     console = Console()
     for name, cls in POLICIES.items():
         t = Table(title=f"{name}: {cls.summary}", title_justify="left", show_header=True, header_style="bold")
@@ -25,7 +35,7 @@ def policies_cmd():
             t.add_row("-", "-", "no knobs: engine settings only (engine.max_num_seqs, ...)")
         t.caption = engine_defaults_line(name, cls)
         t.caption_justify = "left"
-        console.print(t)
+        show_table(console, t)
 
 
 def engine_defaults_line(name: str, cls) -> str:

@@ -52,6 +52,8 @@ def comparison_table(result):
         ("steady state: offered / achieved (req/s)", _steady_rates),
         ("preemptions", lambda s: str(s["preemptions"])),
         ("recomputed tokens", lambda s: str(s.get("recomputed_tokens", 0))),
+        ("prompt tokens computed (prefill / prompt)", lambda s: _pct((s.get("prefix_reuse") or {}).get("computed_share"))),
+        ("prefix-cache hit rate", lambda s: _pct((s.get("prefix_reuse") or {}).get("hit_rate"))),
         ("swapped blocks", lambda s: str(s["swapped_blocks"])),
         ("steps", lambda s: str(s["steps"])),
     ]
@@ -194,14 +196,15 @@ def run_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved scenario and workload statistics; simulate nothing"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip writing PNG plots"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    json_: bool = typer.Option(False, "--json", help="print each policy's summary (summary.json's content) as JSON "
+                               "on stdout; the table and notes go to stderr"),
 ):
     """Simulate a scenario's policies on one workload; print a comparison table; write results."""
-    from rich.console import Console
-
+    from sim.cli.output import console_for, natural_width, print_json, show_table
     from sim.runner import run
     from sim.scenario.schema import load_scenario
 
-    console = Console()
+    console = console_for(json_)
     scn = load_scenario(scenario, list(set_ or []))
     if dry_run:
         from sim.scenario.resolved import resolve
@@ -221,10 +224,15 @@ def run_cmd(
     from sim.results import RunResult
 
     target = RunResult.check_target(out or Path("results") / scn.name)  # refuse before a long run
-    result = run(scn, policies=policy or None, progress=not quiet)
-    if not console.is_terminal:  # piped or logged: room for every policy's column, not 80 columns
-        console.width = max(console.width, 40 + 18 * len(result.labels))
-    console.print(comparison_table(result))
+    result = run(scn, policies=policy or None, progress=not quiet and not json_)  # stdout holds the JSON alone
+    import os
+
+    # piped or logged: room for every policy's column, not 80 columns (an explicit COLUMNS is obeyed:
+    # a table wider than it is stacked, sim.cli.output)
+    table = comparison_table(result)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = max(console.width, natural_width(console, table))
+    show_table(console, table)
     for note in backlog_notes(result):
         console.print(f"[yellow]{note}[/]", highlight=False)
     from sim.planning import story
@@ -236,6 +244,9 @@ def run_cmd(
         for line in story.story(result, saturated):
             console.print(line, highlight=False)
     result.save(target, plots=not no_plots)
+    if json_:
+        print_json({"scenario": result.scenario.name, "results": str(target),
+                    "policies": {label: result.summaries[label] for label in result.labels}})
     shown = out or Path("results") / scn.name
     console.print(f"results: {shown}/ (requests.parquet, steps.parquet, summary.json, scenario.yaml"
                   f"{', plots' if not no_plots else ''})", highlight=False)

@@ -78,9 +78,14 @@ def load(scenario: Path, set_: list[str] | None):
     return load_scenario(scenario, list(set_ or []))
 
 
+def json_to_stdout(path: Path | None) -> bool:
+    """``--json -``: the JSON goes to stdout, alone."""
+    return path is not None and str(path) == "-"
+
+
 def check_json(path: Path | None) -> None:
     """Refuse a ``--json`` path that cannot be written before the search starts, not after it."""
-    if path is not None:
+    if path is not None and not json_to_stdout(path):
         from sim.outputs import check_file
 
         check_file(path, "the results", "--json")
@@ -89,6 +94,11 @@ def check_json(path: Path | None) -> None:
 def write_json(console, path: Path | None, payload: dict) -> None:
     """``--json PATH``: write ``payload`` there (making its folder) and say where."""
     if path is None:
+        return
+    if json_to_stdout(path):
+        from sim.cli.output import print_json
+
+        print_json(payload)
         return
     from sim.errors import CbsimError
 

@@ -24,26 +24,35 @@ def sweep_cmd(
     policy: list[str] = typer.Option(None, "--policy", "-p", help="only this policy label (repeatable)"),
     no_plot: bool = typer.Option(False, "--no-plot", help="skip latency_vs_load.png"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    json_out: Path = typer.Option(None, "--json", help="also write sweep.parquet's rows to this JSON file (- for "
+                                  "stdout, the table then on stderr)"),
 ):
     """Run a scenario at many arrival rates (or values of any field); skip points already in --out."""
-    from rich.console import Console
-
+    from sim.cli import search_options as shared
+    from sim.cli.output import console_for, show_table
     from sim.planning.sweep import make_points, parse_rates, parse_vary, sweep
     from sim.scenario.schema import load_scenario
 
-    console = Console()
+    console = console_for(shared.json_to_stdout(json_out))
+    shared.check_json(json_out)
     points = make_points(parse_rates(rates) if rates else None, parse_vary(vary) if vary else None)
     scn = load_scenario(scenario, list(set_ or []))
     target = out or Path("results") / f"{scn.name}-sweep"
     res = sweep(scn, points, target, policies=policy or None, backend=backend, workers=workers,
-                ray_address=ray_address, progress=not quiet, plot=not no_plot)
-    console.print(sweep_table(res.table, scn))
+                ray_address=ray_address, progress=not quiet and not shared.json_to_stdout(json_out), plot=not no_plot)
+    t = sweep_table(res.table, scn)
+    show_table(console, t)
     from sim.planning.crossing import speculation_crossings
 
     for crossing in speculation_crossings(res.table, scn):  # speculative entries vs their baselines
         console.print("speculation: " + crossing.sentence(), highlight=False)
     console.print(f"{res.ran} point(s) simulated, {res.skipped} already on disk; table: {target / 'sweep.parquet'}"
-                  + (f"; plot: {res.plot}" if res.plot else ""), highlight=False)
+                  + (f"; plot: {res.plot}" if res.plot else ""), highlight=False, soft_wrap=True)
+    import json
+
+    # the rows of sweep.parquet, every column as numbers (NaN as null), not the table's text
+    shared.write_json(console, json_out, {"scenario": scn.name, "table": str(target / "sweep.parquet"),
+                                          "rows": json.loads(res.table.to_json(orient="records"))})
 
 
 def sweep_table(table, scn):

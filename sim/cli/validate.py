@@ -41,14 +41,15 @@ def validate_cmd(
                                                       "validation.json and the real run's step log here"),
     threads: int = typer.Option(1, "--threads", help="with --device cpu: torch threads (1: the engine's thread "
                                                       "CPU clock, robust on a shared machine)"),
-    json_out: Path = typer.Option(None, "--json", help="also write {real, sim, error} as JSON here"),
+    json_out: Path = typer.Option(None, "--json", help="also write {real, sim, error} as JSON here (- for stdout, "
+                                  "the table then on stderr)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ):
     """Compare what a real engine measured with what cbsim predicts."""
     from sim.errors import CbsimError
     from sim.outputs import check_file, check_folder
 
-    if json_out is not None:  # refused before the (possibly long) real run, not after it
+    if json_out is not None and str(json_out) != "-":  # refused before the (possibly long) real run, not after it
         check_file(json_out, "the comparison", "--json")
     if out is not None:
         check_folder(out, "the validation", "--out")
@@ -102,12 +103,12 @@ def validate_recorded_run(run: Path, table: Path | None, gpu: str | None) -> dic
 
 
 def report(result: dict, json_out: Path | None, real_label: str, title: str) -> None:
-    from rich.console import Console
-
+    from sim.cli.output import console_for, print_json, show_table
     from sim.recorded.validate_against import comparison_table, write_json
 
-    console = Console()
-    console.print(comparison_table(result, real_label=real_label, title=title))
+    to_stdout = json_out is not None and str(json_out) == "-"
+    console = console_for(to_stdout)
+    show_table(console, comparison_table(result, real_label=real_label, title=title))
     bias = (result.get("diagnostics") or {}).get("step_time_bias")
     if bias is not None:
         console.print(f"step-time check: the table prices this run's own recorded steps {bias:+.1%} off their "
@@ -120,6 +121,8 @@ def report(result: dict, json_out: Path | None, real_label: str, title: str) -> 
                       f"{err['mean_abs_rel']:.1%} mean |rel|", highlight=False)
     for note in result.get("assumed") or ():
         console.print(f"assumed: {note}", highlight=False, markup=False)
-    if json_out is not None:
+    if to_stdout:
+        print_json(result)
+    elif json_out is not None:
         write_json(result, json_out)
         console.print(f"json: {json_out}", highlight=False)

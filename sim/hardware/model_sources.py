@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import CbsimError, nearest
+from sim.errors import CbsimError
 
 SHIPPED_DIR = Path(__file__).with_name("configs")
 
@@ -76,7 +76,13 @@ def available_models() -> list[ModelSource]:
 
 
 def find_config(name: str) -> ModelSource:
-    """The config.json of ``ORG/NAME``; raises :class:`CbsimError` listing where it looked."""
+    """The config.json of ``ORG/NAME``, or of the same architecture under another spelling or release
+    (:func:`sim.hardware.model_names.same_architecture`: ``meta-llama/Llama-3.1-70B-Instruct`` is
+    served by ``meta-llama/Meta-Llama-3.1-70B``); the returned ``name`` is the config's, so a caller
+    can say which one served. Raises :class:`CbsimError` listing where it looked and suggesting
+    configs of the same family."""
+    from sim.hardware.model_names import family_suggestions, same_architecture
+
     folder = aiconfigurator_configs_dir()
     if folder is not None:
         path = folder / f"{name.replace('/', '--')}_config.json"
@@ -88,10 +94,15 @@ def find_config(name: str) -> ModelSource:
     shipped = SHIPPED_DIR / f"{name.replace('/', '--')}_config.json"
     if shipped.is_file():
         return ModelSource(name, shipped, "cbsim")
-    known = [s.name for s in available_models()]
+    sources = available_models()
+    match = same_architecture(name, [s.name for s in sources])
+    if match is not None:
+        return next(s for s in sources if s.name == match)
+    suggestions = family_suggestions(name, [s.name for s in sources])
+    hint = f" (same family: {', '.join(repr(s) for s in suggestions)})" if suggestions else ""
     where = [f"{hf_cache_dir()} (Hugging Face cache)", f"{SHIPPED_DIR} (the copies cbsim ships)"]
     where.insert(0, str(folder) if folder else "aiconfigurator-core (not installed: pip install 'cbsim[gpu-data]')")
-    raise CbsimError(f"model {name!r}: no config.json found locally{nearest(name, known)}; looked in "
+    raise CbsimError(f"model {name!r}: no config.json found locally{hint}; looked in "
                      f"{', '.join(where)}. cbsim never downloads: give model: {{hf_config: PATH}} with the "
                      f"config.json next to your weights, or run `cbsim models` to list what resolves")
 

@@ -72,6 +72,7 @@ the drafter (:mod:`sim.speculative.draft_cost`), and is refused for a model that
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -592,8 +593,7 @@ def get_model(spec: Any) -> ModelSpec:
         from sim.hardware.model_sources import find_config, looks_like_hub_name
 
         if looks_like_hub_name(spec):
-            source = find_config(spec)
-            return from_hf_config(source.path, name=spec)
+            return _from_hub_name(spec, find_config(spec))
         raise CbsimError(f"unknown model {spec!r}{nearest(spec, MODELS)}; known models: "
                          f"{', '.join(MODELS)}, ORG/NAME of a config.json cached locally (`cbsim models`), "
                          f"{{hf_config: PATH}}, or an inline spec (num_layers, hidden_size, ...)")
@@ -621,6 +621,30 @@ def get_model(spec: Any) -> ModelSpec:
             raise CbsimError(f"inline model: {exc}") from None
     raise CbsimError(f"model must be an id ({', '.join(MODELS)}), ORG/NAME, {{hf_config: PATH}} or an inline "
                      f"spec, got {spec!r}")
+
+
+class ModelNameResolved(UserWarning):
+    """``model: ORG/NAME`` was served by the config.json of another name of the same architecture."""
+
+
+def _from_hub_name(name: str, source: Any) -> ModelSpec:
+    """The spec of ``ORG/NAME`` from the config ``source`` found for it; when that config carries another
+    name (an Instruct served by its base, a case difference), one warning says which config served,
+    and an FP8 name served by an unquantized config is priced as FP8 (the architecture is the same;
+    the weights are stored in 8 bits)."""
+    if source.name == name:
+        return from_hf_config(source.path, name=name)
+    from sim.hardware.model_names import name_key
+
+    spec = from_hf_config(source.path, name=name)
+    note = ""
+    if name_key(name).fp8 and spec.quantization is None:
+        spec = from_hf_config(source.path, name=name, quantization="fp8")
+        note = "; priced with quantization fp8, as the name says"
+    warnings.warn(f"model {name!r}: served by the config.json of {source.name!r} ({source.origin}), the same "
+                  f"architecture under another name{note}; give model: {{hf_config: PATH}} to use another",
+                  ModelNameResolved, stacklevel=1)  # one location: said once per process
+    return spec
 
 
 _HF_OVERRIDES = ("name", "quantization", "kv_cache_dtype")

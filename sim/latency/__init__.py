@@ -33,6 +33,10 @@ def make_latency(cfg, model, gpu, tensor_parallel: int, block_size: int, path=No
     if cfg.backend == "table":
         from sim.latency.table import TableLatency
 
+        if path is None and cfg.path is None and getattr(cfg, "name", None):
+            from sim.latency.shipped import shipped_table_path
+
+            path = shipped_table_path(cfg.name)
         return TableLatency.from_path(path or cfg.path, model, gpu, tensor_parallel, block_size,
                                       overhead_s=getattr(cfg, "overhead_s", None),
                                       async_scheduling=async_scheduling, data_parallel=data_parallel,

@@ -5,7 +5,7 @@ queues, small batches, fast steps) and its last ones a server that is emptying, 
 percentiles flatter the server, and a short run at a rate the server cannot sustain ends before
 its backlog shows. A planner needs the figures of the server *while it carries the load*.
 
-The rule (documented in the README, "Steady state"): with ``first`` and ``last`` the first and
+The rule (documented in docs/capacity.md, "Steady state"): with ``first`` and ``last`` the first and
 last arrival and ``service`` the median time a finished request spent from admission to its last
 token (how long the batch takes to turn over), the **steady window** is
 

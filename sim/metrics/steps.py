@@ -40,12 +40,15 @@ STEP_COLUMNS = (
     "recomputed_tokens",  # of the step's tokens, KV computed again after a recompute preemption
     "spec_proposed",  # speculative decoding: draft tokens the step verified (in batch_tokens)
     "spec_accepted",  # of those, the ones the target accepted (each emitted with the bonus token)
+    "prefix_hit_tokens",  # prompt tokens the prefix cache served to the requests first admitted this step
     "flops",
     "bytes",
     "swap_s",  # of duration_s, the time charged for swapping KV blocks over PCIe
 )
 # columns a replica stores per step (``replica`` and ``step`` are added when frames are built)
 STORED_COLUMNS = STEP_COLUMNS[2:]
+# columns added after results folders were first written: a folder without them still loads
+ADDED_STEP_COLUMNS = ("prefix_hit_tokens",)
 _FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes", "swap_s")
 _MAYBE_INT = ("flops", "bytes")  # int64 in the frame if every value was an integer
 _EXACT_INT_FLOAT = 2**53
@@ -77,7 +80,7 @@ class ReplicaSteps:
         (after ``finish_step``)."""
         reserved, used = policy.kv_tokens_reserved_and_used()
         (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
-         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp, a_prop, a_acc) = self._append
+         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp, a_prop, a_acc, a_hit) = self._append
         a_start(start)
         a_dur(duration)
         a_run(policy.num_running)
@@ -100,6 +103,8 @@ class ReplicaSteps:
         a_recomp(recomputed)
         a_prop(spec_proposed)
         a_acc(spec_accepted)
+        hits = plan.prefix_hit_tokens
+        a_hit(sum(hits.values()) if hits else 0)
         self._add_maybe_int("flops", flops)
         self._add_maybe_int("bytes", bytes_)
         self.columns["swap_s"].append(swap_s)
@@ -128,7 +133,7 @@ class ReplicaSteps:
         zeros = array("q", (0,)) * k
         for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
                      "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens",
-                     "spec_proposed", "spec_accepted"):
+                     "spec_proposed", "spec_accepted", "prefix_hit_tokens"):
             cols[name].extend(zeros)
         if finished:
             cols["finished"][-1] = finished

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sim.metrics.prefix_reuse import prefix_reuse
 from sim.metrics.steady import MIN_WINDOW_REQUESTS, MIN_WINDOW_TURNOVERS, steady_window, turnover_s
 
 PERCENTILES = (50, 90, 99)
@@ -238,5 +239,6 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
         "mean_batch": weighted_mean(steps["num_seqs"].astype(float), dur) if len(steps) else None,
         "memory_sequences": mem_seqs,
         "steady": steady_summary(requests, slo),
+        "prefix_reuse": prefix_reuse(requests, steps),
     }
     return summary

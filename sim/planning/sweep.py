@@ -74,7 +74,8 @@ def parse_rates(text: str) -> list[float]:
             raise CbsimError(f"--rates {text!r}: stop ({stop}) is below start ({start})")
         count = int(((stop - start) / step).to_integral_value(rounding=ROUND_FLOOR)) + 1
         if count > MAX_POINTS:
-            raise CbsimError(f"--rates {text!r} gives {count} points (at most {MAX_POINTS}); raise the step")
+            shown = f"{count:,}" if count < 10**12 else f"about 10^{len(str(count)) - 1}"  # never 300 digits
+            raise CbsimError(f"--rates {text!r} gives {shown} points (at most {MAX_POINTS:,}); raise the step")
         values = [start + i * step for i in range(count)]
     else:
         values = [_decimal(p, "rate") for p in text.split(",")]

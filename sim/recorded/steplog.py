@@ -13,7 +13,7 @@ never see a file format. Each format is one small reader function registered in
 :data:`READERS` with a test that recognises it; another engine's logs need only another reader.
 
 Format ``vllm-json`` (``../shared/reference/vllm-cpu-runs/``; produced by a driver around vLLM's
-``LLMEngine``, see the README section "Calibrate cbsim to your own vLLM"): one JSON object with
+``LLMEngine``, see docs/calibration.md, "Calibrate cbsim to your own vLLM"): one JSON object with
 
 - ``model``: ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
   ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``vocab_size`` (and optionally

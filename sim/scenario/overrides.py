@@ -101,9 +101,25 @@ def _check_expansion(root) -> None:
             if id(child) not in size:
                 stack.append((child, False))
     if size[id(root)] - len(size) > MAX_ALIAS_EXPANSION:
-        raise YamlTooLarge(f"its aliases (*name) expand to more than {MAX_ALIAS_EXPANSION:,} values (a scenario "
-                           f"needs far fewer: nested aliases multiply); write the values out, or nest fewer "
-                           f"aliases", root.start_mark)
+        field, node = _heaviest_field(root, size)
+        where = f"{field}: " if field else ""
+        raise YamlTooLarge(f"{where}its aliases (*name) expand to more than {MAX_ALIAS_EXPANSION:,} values (a "
+                           f"scenario needs far fewer: nested aliases multiply); write the values out, or nest "
+                           f"fewer aliases", node.start_mark)
+
+
+def _heaviest_field(root, size: dict[int, int]) -> tuple[str, Any]:
+    """The dotted key (``slo.ttft_s``) whose value holds the expansion, and its node: from the root,
+    down the mapping value that expands most for as long as that value alone passes the bound."""
+    keys: list[str] = []
+    node = root
+    while isinstance(node, yaml.MappingNode) and node.value:
+        key_node, value = max(node.value, key=lambda kv: size.get(id(kv[1]), 0))
+        if size.get(id(value), 0) <= MAX_ALIAS_EXPANSION or not isinstance(key_node, yaml.ScalarNode):
+            break
+        keys.append(str(key_node.value))
+        node = value
+    return ".".join(keys), node
 
 
 # Copy the resolver table before extending it: PyYAML shares the per-character lists with
@@ -112,10 +128,15 @@ StrictLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.y
 StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 
-def parse_value(text: str) -> Any:
-    """A --set value as YAML (empty text is null)."""
+def parse_value(text: str, key: str | None = None) -> Any:
+    """A --set value as YAML (empty text is null); ``key``, the field it sets, names it in errors."""
     try:
         return yaml.load(text, Loader=StrictLoader)
+    except YamlTooLarge as exc:
+        field = ".".join(x for x in (key, exc.problem.split(": its aliases")[0]
+                                     if ": its aliases" in exc.problem else None) if x)
+        problem = exc.problem.split(": ", 1)[1] if ": its aliases" in exc.problem else exc.problem
+        raise ScenarioError(f"--set {field or 'value'}: {problem}") from None
     except yaml.YAMLError as exc:
         problem = str(getattr(exc, "problem", None) or exc).splitlines()[0]  # one line, no "in <unicode string>"
         raise ScenarioError(f"--set value {text!r} is not valid YAML: {problem}") from None
@@ -136,7 +157,7 @@ def split_override(item: str) -> tuple[list[str], Any]:
     if any(not p for p in parts):
         raise ScenarioError(f"--set {item!r}: the key {key!r} has an empty part; write names joined by "
                             f"single dots, e.g. engine.max_num_seqs")
-    return parts, parse_value(text)
+    return parts, parse_value(text, key)
 
 
 def apply_overrides(data: dict, overrides, defaults: dict | None = None) -> dict:

@@ -52,8 +52,12 @@ class Deployment:
     @property
     def table_path(self) -> Path | None:
         """The latency table folder, resolved against the scenario file's location."""
-        path = self.scenario.latency.path
-        return self.scenario.resolve_path(path) if path else None
+        lat = self.scenario.latency
+        if lat.name:  # a shipped table: from the installed package, wherever the scenario file is
+            from sim.latency.shipped import shipped_table_path
+
+            return shipped_table_path(lat.name)
+        return self.scenario.resolve_path(lat.path) if lat.path else None
 
     def limits_for(self, policy: str, knobs: dict | None = None) -> EngineLimits:
         """The limits one policy runs with: unset ``engine.max_num_seqs`` / ``max_num_batched_tokens``

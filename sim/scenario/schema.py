@@ -2,7 +2,7 @@
 
 The key names are an interface (scripts, ``--set`` and the results' ``scenario.yaml`` use them),
 so they follow DESIGN.md. Every section is a pydantic model that forbids unknown keys, and every
-field has a default and a description (``sim.scenario.docs.field_docs(Scenario)`` lists them for the README).
+field has a default and a description (``sim.scenario.docs.field_docs(Scenario)`` lists them for docs/scenario-keys.md).
 Values are checked strictly: ``block_size: "16"`` is an error, not a silent conversion.
 
 A mistake becomes one :class:`sim.errors.ScenarioError` whose message names the file, the key
@@ -207,11 +207,15 @@ class Latency(BaseModel):
 
     backend: Literal["roofline", "constant", "table"] = Field(
         "roofline", description="roofline (datasheet peak rates), constant (every step step_s), or "
-                                "table (a measured or fitted latency table at path)")
+                                "table (a measured or fitted latency table at path, or a shipped one by name)")
     step_s: float | None = Field(None, gt=0, description="seconds per step; required for backend "
                                                          "constant, unused otherwise")
-    path: str | None = Field(None, description="latency table folder or file; required for backend "
-                                               "table, unused otherwise")
+    path: str | None = Field(None, description="latency table folder or file; for backend table, this or "
+                                               "name; unused otherwise")
+    name: str | None = Field(None, description="a table shipped with cbsim, by name (`cbsim tables` lists "
+                                               "them), e.g. kernel-db-llama-3-8b-h200-tp1: resolved from the "
+                                               "installed package, so a copied scenario still runs; for "
+                                               "backend table, this or path")
     overhead_s: float | None = Field(None, ge=0, description="per-step fixed overhead in seconds "
                                      "(roofline, table); null: the backend's own default")
     compute_efficiency: float | None = Field(None, gt=0, le=1, description="roofline: fraction of the dense "
@@ -228,10 +232,21 @@ class Latency(BaseModel):
             raise KeyedError("step_s", "required for backend 'constant' (seconds per step)")
         if self.backend != "constant" and self.step_s is not None:
             raise KeyedError("step_s", f"only used by backend 'constant', not {self.backend!r}")
-        if self.backend == "table" and not self.path:
-            raise KeyedError("path", "required for backend 'table' (a latency table folder or file)")
-        if self.backend != "table" and self.path is not None:
-            raise KeyedError("path", f"only used by backend 'table', not {self.backend!r}")
+        if self.backend == "table" and not self.path and not self.name:
+            raise KeyedError("path", "required for backend 'table' (a latency table folder or file), or "
+                                     "name: a shipped table (`cbsim tables`)")
+        if self.path and self.name:
+            raise KeyedError("name", "give either name (a shipped table) or path (a table folder), not both")
+        for key in ("path", "name"):
+            if self.backend != "table" and getattr(self, key) is not None:
+                raise KeyedError(key, f"only used by backend 'table', not {self.backend!r}")
+        if self.name is not None:
+            from sim.latency.shipped import shipped_table_path
+
+            try:
+                shipped_table_path(self.name, field="name")
+            except CbsimError as exc:
+                raise KeyedError("name", str(exc).removeprefix("name: ")) from None
         if self.backend == "constant" and self.overhead_s is not None:
             raise KeyedError("overhead_s", "not used by backend 'constant' (step_s is the whole step)")
         return self

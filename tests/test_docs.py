@@ -1,0 +1,218 @@
+"""The README and every page of docs/: every link resolves, every page is linked from the README, and
+every example shown in a page runs (issue 28, item 6).
+
+Examples: every fenced ``sh``/``bash`` block is run as a bash script (``set -e``), the ``$ `` lines of a
+``console`` block (a command and its output) likewise, every ``python``
+block with the project's Python, every ``yaml`` block is loaded as a scenario; the blocks of one page
+run in order in one sandbox (so a later block may use what an earlier one wrote): a folder whose
+``repo/`` links every top-level entry of the repository (the working directory) and whose ``shared``
+links ``../shared``, with ``cbsim`` and ``python`` on the PATH and ``/tmp/`` in a command rewritten
+into the sandbox. An HTML comment before a block (invisible on GitHub) adapts it for the test, one
+directive per comment:
+
+- ``<!-- doctest: set KEY=VALUE -->``: append ``--set KEY=VALUE`` to each ``cbsim run|sweep|capacity|
+  plan`` command of the block (a long example runs at a small size, the same command otherwise);
+- ``<!-- doctest: sub OLD => NEW -->``: replace text (a user's own file by a reference one);
+- ``<!-- doctest: base FILE -->``: a ``yaml`` block is a section, loaded over this scenario file;
+- ``<!-- doctest: skip REASON -->``: not run, only where running is impossible here (a live vLLM
+  server, a GPU); the reason is the skip message.
+
+A page added later needs nothing here: it is found by the glob, and the README's task index links it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+SHARED = REPO.parent / "shared"
+BLOCK_TIMEOUT_S = 600
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_DIRECTIVE = re.compile(r"^<!--\s*doctest:\s*(\w+)\s*(.*?)\s*-->\s*$")
+_LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
+_RUNS = re.compile(r"^(\s*cbsim\s+(?:run|sweep|capacity|plan)\s)")
+
+
+def blocks(page: Path) -> list[dict]:
+    """The fenced blocks of a page: language, text, the directives before it and its line."""
+    out, directives, lines = [], [], page.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        m = _DIRECTIVE.match(lines[i])
+        if m:
+            directives.append((m.group(1), m.group(2)))
+            i += 1
+            continue
+        m = _FENCE.match(lines[i])
+        if m:
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            out.append({"lang": m.group(1), "text": "\n".join(lines[i + 1:end]), "line": i + 1,
+                        "directives": directives})
+            directives, i = [], end + 1
+            continue
+        if lines[i].strip():
+            directives = []  # a directive applies to the block right after it
+        i += 1
+    return out
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced blocks (a link inside code is not a link)."""
+    text = page.read_text(encoding="utf-8")
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    return {slug(line.lstrip("#")) for line in _prose(page).splitlines() if re.match(r"^#{1,6} ", line)}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_link_resolves(page):
+    bad = []
+    for target in _LINK.findall(_prose(page)):
+        if re.match(r"^[a-z]+:", target):  # http(s), mailto: not checked (no network)
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            bad.append(f"{target}: {dest} does not exist")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{target}: no heading with anchor #{anchor} in {dest.name}")
+    assert not bad, f"{page.name}: broken links: {bad}"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {(README.parent / t.partition("#")[0]).resolve() for t in _LINK.findall(_prose(README))}
+    missing = [p.name for p in PAGES[1:] if p.resolve() not in linked]
+    assert not missing, f"README links no row to {missing}: add it to the task index ('I want to ...')"
+
+
+def test_the_readme_is_what_a_newcomer_needs_in_ten_minutes():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 300
+    text = "\n".join(lines)
+    for must in ("## I want to ...", "## Commands", "make run", "make test", "docs/accuracy.md", ".png)"):
+        assert must in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_example_runs(page, tmp_path):
+    found = [b for b in blocks(page) if b["lang"] in ("sh", "bash", "console", "python", "yaml")]
+    if not found:
+        pytest.skip(f"{page.name} shows no example")
+    sandbox = _sandbox(tmp_path)
+    skipped = []
+    for b in found:
+        d = b["directives"]
+        reason = next((v for k, v in d if k == "skip"), None)
+        if reason is not None:
+            assert reason, f"{page.name}:{b['line']}: a skip needs its reason"
+            skipped.append(f"line {b['line']}: {reason}")
+            continue
+        text = b["text"]
+        if b["lang"] == "console":  # the commands shown, not their output
+            text = _console_commands(text)
+        text = _adapt(text, d, sandbox)
+        if "../shared" in text and not SHARED.is_dir():
+            if os.environ.get("CI"):
+                pytest.fail(f"{SHARED} is missing: {page.name}:{b['line']} needs ../shared/reference")
+            skipped.append(f"line {b['line']}: needs {SHARED}")
+            continue
+        where = f"{page.name}:{b['line']}"
+        if b["lang"] == "yaml":
+            _load_yaml(text, d, where)
+        else:
+            _run(b["lang"], text, sandbox, where)
+    if skipped and len(skipped) == len(found):
+        pytest.skip("; ".join(skipped))
+
+
+def _console_commands(text: str) -> str:
+    """The ``$ `` lines of a console block, each with the lines that continue it (while its double
+    quotes are open, or it ends with a backslash); the rest is output."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and (out[-1].count('"') % 2 or out[-1].endswith("\\")):
+            out[-1] += "\n" + line
+        elif line.startswith("$ "):
+            out.append(line[2:])
+    return "\n".join(out)
+
+
+def _sandbox(tmp_path: Path) -> Path:
+    repo = tmp_path / "work" / "repo"
+    repo.mkdir(parents=True)
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", ".venv", ".venv-vllm", "results"):
+            (repo / entry.name).symlink_to(entry)
+    if SHARED.is_dir():
+        (tmp_path / "work" / "shared").symlink_to(SHARED)
+    (tmp_path / "tmp").mkdir()
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "cbsim").write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "from sim.cli.main import main; main()" "$@"\n')
+    (bin_ / "cbsim").chmod(0o755)
+    (bin_ / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a link would lose the venv
+    (bin_ / "python").chmod(0o755)
+    return repo
+
+
+def _adapt(text: str, directives, sandbox: Path) -> str:
+    text = re.sub(r"\\\n\s*", " ", text)  # continuation lines: one command each
+    text = text.replace("/tmp/", f"{sandbox.parent.parent / 'tmp'}/")
+    for key, value in directives:
+        if key == "sub":
+            old, _, new = value.partition(" => ")
+            assert old in text, f"doctest sub: {old!r} is not in the block"
+            text = text.replace(old, new)
+    sets = " ".join(f"--set {v}" for k, v in directives if k == "set")
+    if sets:
+        lines = [ln.split(" #")[0].rstrip() + f" {sets}" if _RUNS.match(ln) else ln for ln in text.splitlines()]
+        assert any(_RUNS.match(ln) for ln in lines), "doctest set: the block runs no cbsim run/sweep/capacity/plan"
+        text = "\n".join(lines)
+    return text
+
+
+def _run(lang: str, text: str, sandbox: Path, where: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{sandbox.parent.parent / 'bin'}:{os.environ['PATH']}",
+           "MPLBACKEND": "Agg", "COLUMNS": "100"}
+    cmd = ["bash", "-euo", "pipefail", "-c", text] if lang != "python" else [sys.executable, "-c", text]
+    try:
+        proc = subprocess.run(cmd, cwd=sandbox, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{where}: the example ran over {BLOCK_TIMEOUT_S} s; give it a doctest set (a smaller run)")
+    assert proc.returncode == 0, f"{where}: exit {proc.returncode}\n{text}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, f"{where}: {proc.stderr[-3000:]}"
+
+
+def _load_yaml(text: str, directives, where: str) -> None:
+    from sim.scenario.schema import load_scenario
+
+    data = yaml.safe_load(text)
+    base = next((v for k, v in directives if k == "base"), None)
+    if base:
+        merged = yaml.safe_load((REPO / base).read_text())
+        merged.update(data)
+        data = merged
+    try:
+        load_scenario(data)
+    except Exception as exc:  # noqa: BLE001 - the message is the point
+        pytest.fail(f"{where}: the YAML shown does not load as a scenario: {exc}")

@@ -246,3 +246,50 @@ def test_block_content_is_canonical_across_run_layouts():
     assert mixed.content(4, 8) == (("k", 4, 2), ("o", 0, 2))
     with pytest.raises(ValueError, match="cover 5 tokens"):
         h.new_request((("k", 5),), 6, "o")
+
+
+def _decode_edge(caching: bool):
+    """Three running requests, each at the end of its block table (its next token starts a
+    block), on a pool whose free queue mixes never-used blocks and a finished request's blocks."""
+    kv = PagedKVManager(num_usable_blocks=16, block_size=8, max_model_len=4096, enable_caching=caching)
+    done = Request("done", 0.0, 40, 10, shareable_tokens=0)
+    kv.allocate_slots(done, 40)
+    batch = []
+    for i, prompt in enumerate((16, 24, 33)):
+        r = Request(f"r{i}", 0.0, prompt, 10, shareable_tokens=0)
+        assert kv.allocate_slots(r, prompt) is not None
+        r.status = Status.RUNNING
+        r.num_computed_tokens = prompt
+        r.num_output_tokens = 1
+        while r.num_computed_tokens < len(kv.blocks_of(r)) * 8:  # decode to the table's end
+            assert kv.allocate_slots(r, 1) == []
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1
+        batch.append(r)
+    kv.release(done)  # its blocks: the back of the queue (caching) or the front
+    assert len(kv.pool._front) == (1 if caching else 6)  # with caching a step's 3 pops evict 2 of them
+    return kv, batch
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_one_pop_for_a_decode_step_s_new_blocks_is_the_calls_one_by_one(caching):
+    one_by_one, batch1 = _decode_edge(caching)
+    bulk, batch2 = _decode_edge(caching)
+    expected = [one_by_one.allocate_slots(r, 1) for r in batch1]
+    assert all(len(new) == 1 for new in expected)
+    assert bulk.append_decode_blocks(batch2)
+    assert [bulk.blocks_of(r)[-1:] for r in batch2] == expected
+    assert [bulk.blocks_of(r) for r in batch2] == [one_by_one.blocks_of(r) for r in batch1]
+    st1, st2 = one_by_one.request_states(), bulk.request_states()
+    assert [st2[r].num_cached_blocks for r in batch2] == [st1[r].num_cached_blocks for r in batch1]
+    assert bulk.pool.free_queue() == one_by_one.pool.free_queue()
+    assert bulk.num_used_blocks == one_by_one.num_used_blocks
+    bulk.pool.check_invariants()
+
+
+def test_the_one_pop_declines_a_request_not_at_its_table_s_end():
+    kv, batch = _decode_edge(True)
+    batch[1].num_computed_tokens -= 1  # its next token still has a slot
+    before = kv.pool.free_queue()
+    assert not kv.append_decode_blocks(batch)
+    assert kv.pool.free_queue() == before

@@ -444,10 +444,9 @@ class VllmV1Policy(Policy):
         if edge:
             if kv.decode_blocks_needed(edge, 1) > kv.num_free_blocks:
                 return None  # someone may be preempted: the request-by-request pass decides
-            if not kv.append_decode_blocks(edge):
-                for r in edge:
-                    if kv.allocate_slots(r, 1) is None:
-                        raise AssertionError(f"{r.id}: a counted block did not fit")
+            for r in edge:
+                if kv.allocate_slots(r, 1) is None:
+                    raise AssertionError(f"{r.id}: a counted block did not fit")
         for st, full in fills:  # what allocate_slots' fast path does for them
             st.num_cached_blocks = full
         return context

@@ -380,32 +380,6 @@ class PagedKVManager:
             allocated[j - 1] += len(new)
         return allocated
 
-    def append_decode_blocks(self, batch: list[Request]) -> bool:
-        """One new block each for running requests whose next decode token starts a block (its
-        context is its block table's end), in batch order, when none of them fills a block that
-        gets hashed (caching off, or every block left is its own): exactly what their
-        ``allocate_slots(r, 1)`` calls in that order do, one pop of the free queue instead of a
-        call per request (the caller has checked that the blocks are free). False, with nothing
-        changed, when any request is not in that case."""
-        reqs, B, caching = self._reqs, self.block_size, self.enable_caching
-        sts = []
-        for r in batch:
-            st = reqs.get(r)
-            if (st is None or not st.blocks or r.num_computed_tokens != len(st.blocks) * B
-                    or self.max_model_len <= len(st.blocks) * B
-                    or (caching and st.num_cached_blocks < st.shared) or r.status in _ADMITTING):
-                return False
-            sts.append(st)
-        new = self.pool.get_new_blocks(len(sts))
-        for r, st, block in zip(batch, sts, new):
-            st.blocks.append(block)
-            if caching:
-                full = min(r.num_computed_tokens + 1, r.num_tokens) // B  # _cache_blocks: by count
-                if full > st.num_cached_blocks:
-                    st.num_cached_blocks = full
-        self._held_blocks += len(new)
-        return True
-
     def release(self, req: Request) -> None:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req, _keep_own=False)

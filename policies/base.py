@@ -131,6 +131,11 @@ class StepPlan:
     # slots are allocated and ``num_computed_tokens`` counts them until the engine reports the
     # rejected ones through ``Policy.reject_drafts``
     spec_tokens: list[int] | None = None
+    # KV loaded from tiers below the GPU (policies.kv.tiers), per admitted request: (tokens,
+    # seconds of copying); ``kv_load_async``: the copies overlap the step (vLLM's native
+    # offloading) instead of adding to it (LMCache's synchronous load)
+    kv_loads: dict[str, tuple[int, float]] | None = None
+    kv_load_async: bool = False
 
     def add(self, req: Request, n: int, context: int) -> None:
         self.scheduled.append(req)
@@ -143,7 +148,7 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.swap_out_blocks and not self.swap_in_blocks
+        return not self.scheduled and not self.swap_out_blocks and not self.swap_in_blocks and not self.kv_loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +183,7 @@ class EngineLimits:
     max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 8192
     device: Device | None = None
+    kv_offload: object | None = None  # policies.kv.tiers.OffloadConfig: KV tiers below the GPU
 
 
 @dataclass(frozen=True, slots=True)

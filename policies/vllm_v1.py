@@ -110,6 +110,12 @@ class VllmV1Policy(Policy):
             "fit the remaining budget waits",
             bool,
         ),
+        "kv_offload": Knob(
+            True,
+            "use the KV tiers of engine.kv_offloading_size (vLLM's KV offloading); false: this entry "
+            "keeps KV on the GPU only (compare both in one scenario)",
+            bool,
+        ),
     }
 
     @classmethod
@@ -144,6 +150,10 @@ class VllmV1Policy(Policy):
             enable_caching=bool(k["enable_prefix_caching"]),
             watermark=float(k["watermark"]),
         )
+        if limits.kv_offload is not None and k["kv_offload"]:  # KV offloading: --kv-offloading-size (policies.kv.tiers)
+            if not self.kv.enable_caching:
+                raise ValueError("vllm-v1 KV offloading needs enable_prefix_caching on (blocks are found by hash)")
+            self.kv.tiers = limits.kv_offload.store(limits.block_size)
         self.running: list[Request] = []
         self._fifo: deque[Request] = deque()  # FCFS waiting queue
         self._heap: list[tuple] = []  # priority waiting queue
@@ -327,8 +337,16 @@ class VllmV1Policy(Policy):
                 r = self._peek_waiting()
                 if r is None or len(running) >= lim.max_num_seqs:
                     break
+                lower: tuple[list[int], list[int]] | None = None
                 if r.num_computed_tokens == 0:
                     hits, n_cached = kv.get_computed_blocks(r)
+                    if kv.tiers is not None:
+                        # the connector's external hit after the GPU's (get_num_new_matched_tokens)
+                        lower = kv.tier_hits(r, len(hits))
+                        if lower[1]:
+                            n_cached += len(lower[1]) * lim.block_size
+                        else:
+                            lower = None
                 else:
                     hits, n_cached = [], 0
                 num_computed = r.num_computed_tokens + n_cached
@@ -369,6 +387,16 @@ class VllmV1Policy(Policy):
                 # connector's external computed tokens: a request handed over with its prompt's
                 # KV, sim.disaggregation); a new or preempted request brings none of its own
                 self._stored_tokens += num_computed
+                if lower is not None:
+                    seconds = kv.tiers.load(*lower)
+                    if plan.kv_loads is None:
+                        plan.kv_loads = {}
+                    plan.kv_loads[r.id] = (len(lower[1]) * lim.block_size, seconds)
+                    if kv.tiers.async_load:
+                        # vLLM's native connector loads between steps: the request waits for its
+                        # KV (WAITING_FOR_REMOTE_KVS) and computes from the next step on
+                        plan.kv_load_async = True
+                        continue
                 sched.append(r)
                 sched_n.append(n)
                 token_budget -= n

@@ -185,6 +185,9 @@ class Replica:
             start = env.now
             for req in plan.admitted:
                 records[req.id].mark_admitted(start)
+            if plan.prefix_hit_tokens:  # prefix-cache hits (any tier) of the requests admitted
+                for rid, n in plan.prefix_hit_tokens.items():
+                    records[rid].prefix_hit_tokens += n
             shape = fast_step_shape(plan)
             if plan.spec_tokens is not None:
                 shape.spec_tokens = sum(plan.spec_tokens)
@@ -198,6 +201,8 @@ class Replica:
             if plan.swap_out_blocks or plan.swap_in_blocks:
                 swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
                 dt += swap_s
+            if plan.kv_loads:  # KV loaded from a tier below the GPU (policies.kv.tiers)
+                dt = kv_load_step(plan, records, dt)
             self.busy_until = start + dt  # where SimPy puts the timeout: now + delay
             yield env.timeout(dt)
             now = env.now
@@ -244,6 +249,9 @@ class Replica:
             return None, False
         for req in plan.admitted:
             records[req.id].mark_admitted(start)
+        if plan.prefix_hit_tokens:
+            for rid, n in plan.prefix_hit_tokens.items():
+                records[rid].prefix_hit_tokens += n
         shape = fast_step_shape(plan)
         if plan.spec_tokens is not None:
             shape.spec_tokens = sum(plan.spec_tokens)
@@ -258,6 +266,8 @@ class Replica:
         if plan.swap_out_blocks or plan.swap_in_blocks:
             swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
             dt += swap_s
+        if plan.kv_loads:
+            dt = kv_load_step(plan, records, dt)
         return (dt, plan, shape, flops, bytes_, swap_s, recomputed), False
 
     def finish_planned(self, item, start: float, now: float, dt: float) -> None:
@@ -356,6 +366,21 @@ class Replica:
         self.stretch_steps += k
         steps.extend_decodes(times, dts, running, waiting, b, kv_used, policy.cpu_blocks_used(),
                              reserved, stored, flops, bytes_, len(finishing), policy.num_running)
+
+
+def kv_load_step(plan: StepPlan, records, dt: float) -> float:
+    """The step's duration with its KV loads (their copies one after another on the host link):
+    overlapped with the step's compute (vLLM's native offloading: the step lasts at least the
+    loads) or added to it (LMCache's synchronous load); each request's load on its record."""
+    load_s = 0.0
+    for rid, (tokens, seconds) in plan.kv_loads.items():
+        rec = records[rid]
+        rec.tier_hit_tokens += tokens
+        rec.kv_load_s += seconds
+        load_s += seconds
+    if not plan.scheduled:  # only loads in flight: the step is the copy
+        return load_s
+    return max(dt, load_s) if plan.kv_load_async else dt + load_s
 
 
 def landing_delay(now: float, target: float) -> float | None:

@@ -21,6 +21,17 @@ lowest replica index.
   its own unique content (key ``("req", id)``, the convention of ``policies.base.Request`` and
   ``sim.workload.synthetic`` for a prompt that shares nothing), since hashing unique prompts would only
   scatter them at random.
+  **Sessions** (``RequestSpec.session`` >= 0) stick instead to the replica that served their
+  previous turn, which holds their history's KV (on the GPU or in its offload tiers), unless the
+  fleet is imbalanced, when the turn goes to the least-outstanding replica and the session moves
+  there. Imbalanced is SGLang's cache-aware router's rule (sgl-model-gateway,
+  ``policies/cache_aware.rs``: "(max - min) > abs_threshold and max > rel_threshold * min" on
+  the workers' loads), with its defaults ``balance_abs_threshold`` 64 and
+  ``balance_rel_threshold`` 1.5 and the load read as requests outstanding. A session's first turn
+  goes to the least-outstanding replica (its system prompt is cached wherever sessions ran).
+  vLLM's production-stack router (``--routing-logic session``) and Dynamo's KV router keep a
+  session on the replica with its KV the same way; Dynamo weighs the overlap against load in a
+  cost, SGLang switches on the thresholds, which is what is modelled.
 """
 
 from __future__ import annotations
@@ -85,8 +96,28 @@ def stable_bucket(key, n: int) -> int:
     return int.from_bytes(digest, "big") % n
 
 
+BALANCE_ABS_THRESHOLD = 64  # sgl-model-gateway defaults (CacheAware policy config)
+BALANCE_REL_THRESHOLD = 1.5
+
+
+def imbalanced(replicas) -> bool:
+    """SGLang's cache-aware router's test: (max - min) > abs and max > rel * min (outstanding)."""
+    loads = [r.outstanding for r in replicas]
+    lo, hi = min(loads), max(loads)
+    return hi - lo > BALANCE_ABS_THRESHOLD and hi > BALANCE_REL_THRESHOLD * lo
+
+
 def prefix_affinity() -> Router:
+    home: dict[int, int] = {}  # session -> the replica that served its last turn
+
     def route(spec, replicas) -> int:
+        session = getattr(spec, "session", -1)
+        if session >= 0:
+            idx = home.get(session)
+            if idx is None or imbalanced(replicas):
+                idx = _least_outstanding_index(replicas)
+            home[session] = idx
+            return idx
         key = prefix_key(spec)
         if key is None:
             return _least_outstanding_index(replicas)

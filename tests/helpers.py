@@ -21,6 +21,10 @@ FAKE_MODEL = SimpleNamespace(
     kv_bytes_per_token=lambda tp=1: 2 * 4 * 16 * 2 * 2 // tp,
     weight_bytes=lambda tp=1: 1_000_000 // tp,
     flops_per_token=lambda tp=1: 2_000_000 / tp,
+    # the whole per-token count in the layers, no LM head: FLOPs per token are the same whether a
+    # backend counts the LM head per token or per sequence
+    layer_flops_per_token=lambda tp=1: 2_000_000 / tp,
+    lm_head_flops=lambda tp=1: 0.0,
 )
 # The fake's shapes as a real model spec, for backends that price each operator (the roofline).
 FAKE_SPEC = ModelSpec("fake", FAKE_MODEL.num_layers, FAKE_MODEL.hidden_size, FAKE_MODEL.num_heads,

@@ -114,3 +114,26 @@ def test_default_lengths_follow_the_azure_conversation_trace():
     assert abs(np.percentile(prompt, 99) - 4142) <= 60
     mu, _ = lognormal_params(211, 601)
     assert np.exp(mu) > 170  # the old default's median (186 in closed form), far from the trace's
+
+
+def test_mfu_counts_the_lm_head_once_per_sequence_on_every_backend():
+    """A prefill step of 2 chunks of 512 tokens: the table and constant backends count the same
+    FLOPs as the roofline (the LM head at one row per sequence, not per token; issue 26), so MFU
+    means the same on every backend; the per-token count was 7.5 % higher on Llama-3-8B."""
+    from policies.base import StepPlan
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
+    from sim.latency.base import step_shape
+    from sim.latency.constant import ConstantLatency
+    from sim.latency.roofline import RooflineLatency
+
+    model, gpu = get_model("llama-3-8b"), get_gpu("h100-sxm")
+    plan = StepPlan()
+    plan.num_new_tokens, plan.context, plan.scheduled = [512, 512], [0, 0], [None, None]
+    shape = step_shape(plan)
+    roof = RooflineLatency(model, gpu, 1, 16).price(shape, plan)[1]
+    const = ConstantLatency(0.01, model, gpu, 1, 16).price(shape, plan)[1]
+    assert const == pytest.approx(roof, rel=1e-6)
+    per_token = model.flops_per_token(1) * shape.num_tokens + (const - model.layer_flops_per_token(1)
+                                                               * shape.num_tokens - 2 * model.lm_head_flops(1))
+    assert per_token / const - 1 > 0.07

@@ -59,7 +59,8 @@ def lat(table_dir):
 
 def plan_of(*entries) -> StepPlan:
     """entries: (new tokens, context) per request."""
-    return StepPlan(num_new_tokens=[n for n, _ in entries], context=[c for _, c in entries])
+    return StepPlan(scheduled=[None] * len(entries), num_new_tokens=[n for n, _ in entries],
+                    context=[c for _, c in entries])
 
 
 def price(lat, *entries) -> float:

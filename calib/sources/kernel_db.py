@@ -89,6 +89,9 @@ MS = 1e-3  # AIConfigurator's latencies are in milliseconds
 # run_mha_fwd_splitkv_dispatch: ``kBlockM = 64``).
 FA2_SPLITKV_BLOCK_M = 64
 FA2_KERNEL = "vllm_flash_attn_fa2"
+# the batched context-attention rows whose difference from batch 1 gives one launch's fixed cost
+# (KernelDb.prefill_launch_seconds): short chunks, where the fixed cost dominates
+LAUNCH_BATCH, LAUNCH_TOKENS = 16, 64
 # the causal prefill whose measured time gives the prefill kernel's throughput (long enough to fill
 # every SM many times over; the longest length AIConfigurator measures for every GPU)
 THROUGHPUT_PREFILL_TOKENS = 16384
@@ -218,7 +221,7 @@ class KernelDb:
     """One model on one GPU at one TP degree in one engine version: per-operator times."""
 
     def __init__(self, model: ModelSource, gpu: str, tp: int = 1, dtype: str = "bf16", engine: str = "vllm",
-                 engine_version: str | None = None) -> None:
+                 engine_version: str | None = None, fp8_scaling: str | None = None) -> None:
         require_aiconfigurator()
         import logging
 
@@ -245,6 +248,7 @@ class KernelDb:
         # AIConfigurator logs a warning per low-fidelity fallback table it *could* use (MLA, DSA)
         # even for models that never touch them; keep the console to our own lines.
         logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+        self.fp8_mode = fp8_quant_mode(model.config, fp8_scaling) if dtype == "fp8" else None
         kwargs = self.compile_kwargs()
         try:
             self.handle = EngineHandle.compile(self._dir.name, self.system, engine,
@@ -273,11 +277,11 @@ class KernelDb:
         """AIConfigurator's compile arguments: the TP degree and quantization modes (an MoE's experts
         sharded over the TP ranks, as vLLM runs them without expert parallelism).
         :mod:`calib.sources.kernel_db_moe` overrides this for expert- and data-parallel layouts."""
-        fp8 = self.dtype == "fp8"
-        kwargs = {"tp_size": self.tp, "gemm_quant_mode": "fp8" if fp8 else "bfloat16",
+        quant = getattr(self, "fp8_mode", None) or ("fp8" if self.dtype == "fp8" else "bfloat16")
+        kwargs = {"tp_size": self.tp, "gemm_quant_mode": quant,
                   "kvcache_quant_mode": "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"}
         if getattr(self.model.spec, "num_experts", 0):
-            kwargs.update(moe_quant_mode="fp8" if fp8 else "bfloat16", moe_tp_size=self.tp, moe_ep_size=1)
+            kwargs.update(moe_quant_mode=quant, moe_tp_size=self.tp, moe_ep_size=1)
         return kwargs
 
     @staticmethod
@@ -306,6 +310,21 @@ class KernelDb:
     def prefill_attn_ops(self, chunk_tokens: int, context: int) -> dict[str, Op]:
         return self._ops(self.handle.evaluate_context_ops(self._attn, batch_size=1, s=int(chunk_tokens),
                                                           prefix=int(context)))
+
+    def prefill_launch_seconds(self, batch: int = LAUNCH_BATCH, tokens: int = LAUNCH_TOKENS) -> float:
+        """The fixed cost of one context-attention launch (summed over the layers), from the
+        database's own batched rows: ``batch`` chunks of ``tokens`` each in one launch cost
+        ``T(batch) = F + batch × w`` and one chunk ``T(1) = F + w``, so ``F = (batch T(1) - T(batch)) /
+        (batch - 1)``. Why it matters: vLLM and SGLang run every prefill chunk of a step in one varlen
+        attention launch (vLLM's FlashAttentionImpl.forward calls flash_attn_varlen_func once per
+        layer with cu_seqlens over all scheduled requests), so a step of 8 chunks pays F once; on the
+        H200 16 chunks of 64 tokens cost 1.4x one chunk in the database, not 16x."""
+        def launch(b: int) -> float:
+            rows = self.handle.evaluate_context_ops(self._attn, batch_size=b, s=int(tokens))
+            return sum(float(ms) for _name, ms, *_ in rows) * MS
+
+        one, many = launch(1), launch(int(batch))
+        return max(0.0, (batch * one - many) / (batch - 1))
 
     def decode_attn_ops(self, batch: int, mean_context: float, *, floor: bool = True) -> dict[str, Op]:
         """The generation attention of ``batch`` sequences at ``mean_context``, raised to the time of
@@ -336,6 +355,16 @@ class KernelDb:
         bw = float(g["mem_bw"]) * float(g.get("mem_bw_empirical_scaling_factor", 1.0))
         return self.spec.num_layers * (per_layer / bw + float(g.get("mem_empirical_constant_latency", 0.0)))
 
+    def kv_reread_seconds(self, batch: int, keys: int) -> float:
+        """One more pass of the batch's KV cache at the DRAM's full rate (``mem_bw``, no empirical
+        factor: thousands of independent tiles stream it, as in a long prefill). What a decode
+        costs in FA2's varlen kernel for each query head of its group: the LLMServingSim bundles'
+        mixed rows (attention of a 1,024-token chunk plus 16-64 decodes, less the chunk alone)
+        come out at 3.7-4.4 x the KV bytes / HBM bandwidth on the RTX PRO 6000 and the RTX 4090,
+        with 4 query heads per KV head (../shared/reference/gpu-runs/*/profile/tp1/attention.csv)."""
+        per_layer = batch * keys * self.spec.kv_layer_bytes_per_token(self.tp)
+        return self.spec.num_layers * per_layer / float(self.gpu_spec["mem_bw"])
+
     @property
     def prices_mixed_decodes(self) -> bool:
         """Whether decodes beside a prefill chunk cost more than alone in this engine's kernel: in
@@ -363,6 +392,13 @@ class KernelDb:
         total = sum(op.seconds for op in alone.values())
         if tiles > total:
             alone["unpacked_gqa_tiles"] = Op(tiles - total, "modelled")
+            total = tiles
+        # and each query head's tile streams its KV head's keys and values itself: the KV cache is
+        # read once per query head of the group, not once (the same DRAM formula as the floor)
+        group = self.spec.num_heads // self.spec.num_kv_heads
+        reread = group * self.kv_reread_seconds(batch, keys)
+        if reread > total:
+            alone["kv_reread_per_query_head"] = Op(reread - total, "modelled")
         return alone
 
     @staticmethod
@@ -440,6 +476,26 @@ class KernelDb:
                 "tables": out}
 
 
+FP8_SCALINGS = ("tensor", "block")
+
+
+def fp8_quant_mode(config: dict, scaling: str | None = None) -> str:
+    """AIConfigurator's quant mode for the FP8 kernels the engine runs for this checkpoint:
+    ``fp8_block`` (128 x 128 block scales: DeepGEMM / CUTLASS block-scaled GEMMs, the Triton fused
+    MoE with block scales) when the config's ``quantization_config`` has ``weight_block_size`` (as
+    Qwen3-*-FP8 and DeepSeek ship), else ``fp8`` (per-tensor scales: vLLM's CutlassFP8ScaledMM, also
+    what ``--quantization fp8`` makes of a bf16 checkpoint). ``scaling`` ('tensor' or 'block')
+    overrides it for a checkpoint whose config does not say. Why it matters: the two kernel families
+    differ up to 3x at small batches in the database (H200, vLLM 0.24: Qwen3-235B's MoE layer at 1
+    token is 0.19 ms per-tensor, 0.06 ms block-scaled)."""
+    if scaling is not None:
+        if scaling not in FP8_SCALINGS:
+            raise CbsimError(f"fp8 scaling {scaling!r} is not one of {', '.join(FP8_SCALINGS)}")
+        return "fp8_block" if scaling == "block" else "fp8"
+    q = config.get("quantization_config") or {}
+    return "fp8_block" if q.get("weight_block_size") else "fp8"
+
+
 def priced_spec(spec, dtype: str):
     """The model spec the table is for: activations in bf16 (fp16 for --dtype fp16), and for
     --dtype fp8 w8a8 FP8 linear layers (``quantization: fp8``), so that cbsim's weight bytes and
@@ -501,6 +557,7 @@ class Composition:
     # decode_attn as the database measured it (no DRAM floor), on the table's grid: what
     # agreement() compares with AIConfigurator's own step predictions
     measured_decode: Any = None
+    launch_s: float = 0.0  # prefill_attn's fixed cost per launch (KernelDb.prefill_launch_seconds)
 
 
 def compose(db: KernelDb, grids: Grids | None = None, *, block_size: int = 16) -> Composition:
@@ -517,7 +574,9 @@ def compose(db: KernelDb, grids: Grids | None = None, *, block_size: int = 16) -
 
     linear = [total("linear", (t,), db.linear_ops(t)) for t in g.tokens]
     per_seq = [total("per_seq", (s,), db.per_seq_ops(s)) for s in g.sequences]
-    prefill = [[total("prefill_attn", (n, c), db.prefill_attn_ops(n, c)) for c in g.context] for n in g.chunk_tokens]
+    prefill = [[total("prefill_attn", (n, c), never_faster_with_more_context(db, n, c, ops["prefill_attn"], g.context))
+                for c in g.context] for n in g.chunk_tokens]
+    launch = min(db.prefill_launch_seconds(), min(min(row) for row in prefill))
     decode = [[total("decode_attn", (b, c), db.decode_attn_ops(b, c)) for c in g.mean_context] for b in g.batch]
     measured = [[sum(op.seconds for n, op in ops["decode_attn"][(b, c)].items() if op.source != "modelled")
                  for c in g.mean_context] for b in g.batch]
@@ -540,8 +599,26 @@ def compose(db: KernelDb, grids: Grids | None = None, *, block_size: int = 16) -
         components["engine_cpu"] = make_component("engine_cpu", (g.sequences,), [cpu.seconds(s) for s in g.sequences])
     table = LatencyTable(components, {})
     comp = Composition(table, db, ops, make_component("decode_attn", (g.batch, g.mean_context), measured))
+    comp.launch_s = round(launch, 9)
     table.metadata = metadata(comp, g, block_size=block_size, format_version=FORMAT_VERSION)
     return comp
+
+
+def never_faster_with_more_context(db: KernelDb, n: int, c: int, done: dict, contexts) -> dict[str, Op]:
+    """``prefill_attn_ops(n, c)``, raised to the same chunk over less cached context when it is
+    cheaper (operator 'prefix_monotone', source 'modelled'). Why: AIConfigurator prices a chunk over
+    ``c`` cached tokens as the causal prefill of ``s = n + c`` scaled by ``(s² − c²) / s²``
+    (aic-core operators/attention.rs), which scales the launch's fixed cost too: on the H200
+    ``(16, 1024)`` came out at 0.46 ms and ``(16, 0)`` at 0.81 ms. The kernel runs the same query
+    rows over more keys, and never finishes sooner."""
+    found = db.prefill_attn_ops(n, c)
+    prev = [cc for cc in contexts if cc < c]
+    if prev:
+        before = sum(op.seconds for op in done[(n, prev[-1])].values())
+        now = sum(op.seconds for op in found.values())
+        if before > now:
+            found["prefix_monotone"] = Op(before - now, "modelled")
+    return found
 
 
 def _engine_cpu(db: KernelDb):
@@ -580,7 +657,8 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
         "tensor_parallel": db.tp,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "grid": comp.table.grid(),
-        "heldout_error": agreement(comp),
+        "aic_agreement": agreement(comp),
+        "prefill_attn_launch_s": comp.launch_s,
         "provenance": {
             "package": PACKAGE,
             "package_version": package_version(),
@@ -599,7 +677,16 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                 "prefill_attn over prior context": "no row measures a chunk over cached tokens: AIConfigurator "
                     "prices the measured causal prefill of the full length s = n + c and scales it by "
                     "(s^2 - c^2) / s^2 (aic-core operators/attention.rs prefix_correction); rotary embedding and "
-                    "KV-cache write are added as memory ops x 1.1",
+                    "KV-cache write are added as memory ops x 1.1; never below the same chunk over less "
+                    "cached context (operator 'prefix_monotone': that scaling also shrinks the launch's fixed "
+                    "cost, so (16, 1024) came out cheaper than (16, 0); the kernel runs the same query rows over "
+                    "more keys)",
+                "prefill chunks of one step": "one varlen attention launch per layer for all of them (vLLM "
+                    "FlashAttentionImpl.forward: one flash_attn_varlen_func call with cu_seqlens over every "
+                    "scheduled request; SGLang's FlashAttentionBackend likewise): the launch's fixed cost "
+                    f"prefill_attn_launch_s = {comp.launch_s * 1e3:.4f} ms is paid once per step. From the "
+                    f"database's batched context-attention rows: F = (B T(1) - T(B)) / (B - 1) at B = "
+                    f"{LAUNCH_BATCH} chunks of {LAUNCH_TOKENS} tokens (KernelDb.prefill_launch_seconds)",
                 "elementwise": "RMSNorm + residual, SiLU-and-multiply, embedding, rotary, KV write: "
                     "AIConfigurator's analytic memory-op formula bytes / (mem_bw x 0.8) + 3 us (source "
                     "'empirical')",
@@ -615,8 +702,19 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                     f"max_seqlen_q == 1), so each decode runs one {FA2_SPLITKV_BLOCK_M}-row query tile per "
                     "query head over c + 1 keys; priced at the throughput of the measured causal prefill of "
                     f"{THROUGHPUT_PREFILL_TOKENS} tokens, x {FA2_SPLITKV_BLOCK_M} (c + 1) b / (s^2 / 2), never "
-                    "below decode_attn (operator 'unpacked_gqa_tiles', source 'modelled')")
+                    "below decode_attn (operator 'unpacked_gqa_tiles', source 'modelled'); and never below one "
+                    "pass of the decodes' KV cache per query head of the group at the DRAM's rate, "
+                    "(num_heads / num_kv_heads) x b (c + 1) x KV bytes / mem_bw (operator "
+                    "'kv_reread_per_query_head'): each query head's tile streams its KV head itself. Evidence: "
+                    "the LLMServingSim bundles' mixed rows (RTX PRO 6000, RTX 4090; chunk 1,024 + 16-64 decodes, "
+                    "less the chunk alone) are 3.3-4.7 such passes for a group of 4")
                     if db.prices_mixed_decodes else None,
+                "attention kernel": f"{db.attention_kernel or 'not recorded'}: the kernel_source label of the "
+                    f"database's default-backend generation rows for {db.engine} {db.engine_version} on {db.system} "
+                    "(vLLM: FlashAttention-3 on SM90, FA2 on SM80/SM89/SM120; SGLang: its fa3 backend on Hopper); "
+                    "only FA2 loses GQA packing in a mixed varlen launch (FA3's hopper/flash_api.cpp get_pack_gqa "
+                    "packs GQA heads whenever the KV is paged without TMA or split, else by its tile-use "
+                    "heuristic, in varlen launches too), so only FA2 tables carry decode_attn_mixed",
                 "decode skew": "none: the database measures batches at one context; decode_attn is priced at "
                     "the batch's mean context (decode_skew_alpha 0)",
                 "all-reduce": "two per layer of T x hidden bf16 elements (after attention, after the MLP), "
@@ -631,7 +729,9 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                          "component (0)",
                 "fp16": "priced with the bf16 kernels (the database has no fp16 GEMMs; same tensor-core rate)"
                     if db.dtype == "fp16" else None,
-                "fp8": "w8a8 FP8 GEMMs (per-tensor scales) and MoE; attention and KV cache in bf16"
+                "fp8": (f"w8a8 FP8 GEMMs and MoE, AIConfigurator quant mode {db.fp8_mode} ("
+                        + ("128 x 128 block scales: the checkpoint's quantization_config.weight_block_size"
+                           if db.fp8_mode == "fp8_block" else "per-tensor scales") + "); attention and KV cache in bf16")
                     if db.dtype == "fp8" else None,
             },
             "known_limits": known_limits(db),
@@ -648,15 +748,17 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
 
 def known_limits(db: KernelDb) -> str:
     """What a user of this table should know before trusting it with a purchase: what the database
-    cannot see, and the one real run it has been checked on (docs/accuracy.md)."""
-    text = ("the database measures pure-decode batches at one context only: decodes that share a step with a "
-            "prefill chunk, and batches of unequal contexts, are priced as if alone and even")
+    cannot see, and the real runs it has been checked on (docs/accuracy.md, docs/accuracy-corpus.md)."""
+    text = ("the database measures pure-decode batches at one context only: batches of unequal contexts are "
+            "priced as if even (no decode skew)")
     if db.prices_mixed_decodes:
-        text += (" (FlashAttention-2 runs both slower; the modelled unpacked-tile term covers part of it). Checked "
-                 "on one real run of this kind (vLLM 0.19, Llama-3.1-8B, RTX PRO 6000, 10.3 req/s, near capacity): "
-                 "mean TTFT -19.9 %, TPOT -8.2 %, E2E -11.2 %, i.e. optimistic under load")
+        text += ("; decodes beside a prefill chunk are priced by FlashAttention-2's varlen rule (one KV pass per "
+                 "query head). Checked on one real run of this kind (vLLM 0.19, Llama-3.1-8B, RTX PRO 6000, "
+                 "10.3 req/s, near capacity): mean TTFT +6.6 %, TPOT +2.7 %, E2E +3.6 %")
     else:
-        text += "; no real serving run on this GPU has been checked against a table of this kind yet"
+        text += ("; decodes beside a prefill chunk are priced as if alone (FA3 and the SGLang/TRT-LLM kernels keep "
+                 "GQA packing in mixed launches). Measured against AIConfigurator's public serving corpus: "
+                 "bench/silicon_accuracy.py, docs/accuracy-corpus.md")
     return text
 
 
@@ -694,7 +796,7 @@ def agreement(comp: Composition, n: int = 24, seed: int = 0) -> dict[str, Any]:
             new = isl - prefix
             truth = db.predict_prefill(bs, isl, prefix)
             guess = (interp(t, "linear", bs * new) + interp(t, "per_seq", bs)
-                     + bs * interp(t, "prefill_attn", new, prefix))
+                     + bs * interp(t, "prefill_attn", new, prefix) - (bs - 1) * comp.launch_s)
         else:  # a decode step of `bs` sequences at `isl` context
             bs = rng.choice((1, 2, 8, 32, 64, 128, 256))
             isl = rng.randint(16, max(16, max_ctx // 2))
@@ -739,7 +841,7 @@ def _bisect(axis, x) -> int:
 
 def build_table(model: str, gpu: str, *, tp: int = 1, dtype: str | None = None, engine: str = "vllm",
                 engine_version: str | None = None, block_size: int = 16, max_num_batched_tokens: int = 16384,
-                max_model_len: int = 32768, max_num_seqs: int = 1024) -> Composition:
+                max_model_len: int = 32768, max_num_seqs: int = 1024, fp8_scaling: str | None = None) -> Composition:
     """The whole path of ``cbsim calibrate --from-kernel-db``: resolve, compose, check."""
     for name, value in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-model-len", max_model_len),
                         ("--max-num-seqs", max_num_seqs), ("--block-size", block_size)):
@@ -749,6 +851,7 @@ def build_table(model: str, gpu: str, *, tp: int = 1, dtype: str | None = None, 
     source = resolve_model(model)
     if dtype is None:  # the checkpoint's own: FP8 for an fp8-quantized config, else bf16
         dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
-    db = KernelDb(source, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version)
+    db = KernelDb(source, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
+                  fp8_scaling=fp8_scaling)
     grids = Grids.covering(max_num_batched_tokens, max_model_len, max_num_seqs)
     return compose(db, grids, block_size=block_size)

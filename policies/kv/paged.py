@@ -40,6 +40,7 @@ import sys
 
 from policies.base import Request, Status
 from policies.kv.block_pool import BlockPool
+from policies.kv.tiers import TierStore
 from policies.prefix_hash import BlockHasher, RequestBlockHashes
 
 _ADMITTING = (Status.WAITING, Status.PREEMPTED)
@@ -86,6 +87,7 @@ class PagedKVManager:
         self._reqs: dict[Request, _ReqKV] = {}
         self._held_blocks = 0  # sum of block-table lengths (a shared block counts once per holder)
         self._tags = 0  # requests given private tags so far
+        self.tiers: TierStore | None = None  # KV offloading below the GPU (policies.kv.tiers)
 
     # --- what the policy reads -------------------------------------------------------------
     @property
@@ -153,6 +155,27 @@ class PagedKVManager:
                     break
                 hits.append(b)
         return hits, len(hits) * self.block_size
+
+    def tier_hits(self, req: Request, start: int) -> tuple[list[int], list[int]]:
+        """Blocks ``start``, ``start + 1``, ... of a request that holds none, found in the lower
+        tiers (after its ``start`` GPU hits): their hashes and tiers, as far as they run (cut to
+        the tier store's chunks), capped as :meth:`get_computed_blocks` caps GPU hits."""
+        st = self._state(req)
+        top = min(st.shared, (req.num_tokens - 1) // self.block_size)
+        if self.tiers is None or top <= start:
+            return [], []
+        rh, hash_at, hashes = self._hashes(req, st), self.hasher.hash_at, []
+
+        def walk():  # hashes computed only as far as the hit reaches
+            for i in range(start, top):
+                h = hash_at(rh, i)
+                hashes.append(h)
+                yield h
+
+        tiers = self.tiers.lookup(walk())
+        del hashes[len(tiers):]
+        self.tiers.touch(hashes)
+        return hashes, tiers
 
     # --- allocation -------------------------------------------------------------------------
     def _blocks_to_allocate(self, st: _ReqKV, num_tokens: int, new_computed_blocks: list[int]) -> int:
@@ -241,6 +264,11 @@ class PagedKVManager:
             blocks, pool = st.blocks, self.pool
             for i in range(st.num_cached_blocks, top):
                 pool.cache_block(blocks[i], hashes[i])
+            if self.tiers is not None:  # write-through to the CPU tier
+                for i in range(st.num_cached_blocks, top):
+                    self.tiers.store(hashes[i])
+        if self.tiers is not None and num_full > max(top, st.num_cached_blocks):
+            self.tiers.store_own(num_full - max(top, st.num_cached_blocks))  # its own content: stored, never hit
         st.num_cached_blocks = num_full
 
     # --- freeing ----------------------------------------------------------------------------
@@ -337,6 +365,8 @@ class PagedKVManager:
             for r, st in zip(batch, sts):
                 full = (r.num_computed_tokens + k) // B
                 if full > st.num_cached_blocks:
+                    if self.tiers is not None:  # the same stores as step by step: own blocks only
+                        self.tiers.store_own(full - st.num_cached_blocks)
                     st.num_cached_blocks = full
             caching = False
         events: list[tuple[int, int]] = []

@@ -240,7 +240,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                            block_size=block_size, **limits)
     write_table(out, comp.table)
     meta, t = comp.table.metadata, comp.table
-    prov, err = meta["provenance"], meta["heldout_error"]
+    prov, err = meta["provenance"], meta.get("aic_agreement") or meta["heldout_error"]
     console = Console()
     par = meta.get("parallel") or {}
     layout_words = (f", data_parallel {par['data_parallel']}, expert_parallel {par['expert_parallel']}"

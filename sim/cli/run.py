@@ -9,6 +9,28 @@ import typer
 from sim.cli.app import app
 
 
+def _session_ttft(s) -> str:
+    ss = s.get("sessions")
+    if not ss:
+        return "-"
+    return f"{_fmt(ss['first_turn']['ttft_p50_s'], 1e3)} / {_fmt(ss['returning_turns']['ttft_p50_s'], 1e3)}"
+
+
+def _kv(s, fn) -> str:
+    k = s.get("kv_tiers")
+    return fn(k) if k else "-"
+
+
+def _tier_hits(s) -> str:
+    return _kv(s, lambda k: " / ".join(f"{name} {t['hit_tokens']:,}" for name, t in k["tiers"].items()))
+
+
+def _tier_bytes(s) -> str:
+    gib = 1 << 30
+    return _kv(s, lambda k: " / ".join(f"{name} {t['bytes_written'] / gib:,.1f} / {t['bytes_read'] / gib:,.1f}"
+                                       for name, t in k["tiers"].items()))
+
+
 def _fmt(v, scale: float = 1.0, digits: int = 3) -> str:
     """Numbers a person reads at a glance: no exponents, thousands separated."""
     if v is None:
@@ -66,6 +88,14 @@ def comparison_table(result):
                     ("speculative: acceptance / mean length", _acceptance))
         rows.insert(rows.index(next(r for r in rows if r[0] == "E2E p50 / p99 (s)")) + 2,
                     ("speculative: tokens per verify step", lambda s: _spec(s, "tokens_per_step")))
+    if any(result.summaries[label].get("sessions") for label in result.labels):
+        rows.insert(rows.index(next(r for r in rows if r[0] == "TTFT p50 / p99 (ms)")) + 1,
+                    ("sessions: TTFT p50 first / returning (ms)", _session_ttft))
+    if any(result.summaries[label].get("kv_tiers") for label in result.labels):
+        at = rows.index(next(r for r in rows if r[0] == "swapped blocks")) + 1
+        rows[at:at] = [("KV tiers: hit tokens by tier", _tier_hits),
+                       ("KV tiers: GiB written / read", _tier_bytes),
+                       ("KV tiers: load per request p50 (ms)", lambda s: _kv(s, lambda k: _fmt(k["load_s_p50"], 1e3)))]
     if slo is not None and any(getattr(slo, k) is not None for k in ("ttft_s", "tpot_s", "e2e_s")):
         said = {True: "yes", False: "NO", None: "-"}
         rows.append((f"meets SLO (p{slo.percentile:g}), whole run", lambda s: said[s["slo_met"]]))

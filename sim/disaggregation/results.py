@@ -39,7 +39,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from sim.metrics.recorder import REQUEST_COLUMNS
+from sim.metrics.kv_tiers import kv_tiers_report, returning_turn_ttft
+from sim.metrics.recorder import KV_REQUEST_COLUMNS, REQUEST_COLUMNS
 from sim.metrics.summary import stats, summarize
 
 NAN = math.nan
@@ -51,6 +52,8 @@ def request_rows(top) -> tuple[pd.DataFrame, list[np.ndarray]]:
     times (the ``token_times_s`` column, also kept for the ITL figures)."""
     n_prefill = len(top.prefill)
     cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS if c != "token_times_s"}
+    for c in KV_REQUEST_COLUMNS:
+        cols[c] = []
     cols["prefill_replica"] = []
     cols["transfer_s"] = []
     cols["prefill_ttft_s"] = []
@@ -104,16 +107,19 @@ def request_rows(top) -> tuple[pd.DataFrame, list[np.ndarray]]:
         cols["client"].append(spec.client)
         cols["session"].append(spec.session)
         cols["turn"].append(spec.turn)
+        cols["prefix_hit_tokens"].append(p.prefix_hit_tokens)  # the prefill pool's prefix cache
+        cols["tier_hit_tokens"].append(p.tier_hit_tokens)
+        cols["kv_load_s"].append(p.kv_load_s)
         cols["prefill_replica"].append(h.prefill_replica)
         cols["transfer_s"].append(h.landed_s - h.prefilled_s)
         cols["prefill_ttft_s"].append(prefill_first - arrival)
         times.append(tt)
     frame = pd.DataFrame(cols)
     for c in ("replica", "prompt_tokens", "output_tokens", "max_tokens", "generated", "preemptions", "swaps",
-              "client", "session", "turn", "prefill_replica"):
+              "client", "session", "turn", "prefill_replica", "prefix_hit_tokens", "tier_hit_tokens"):
         frame[c] = frame[c].astype(np.int64)
     for c in ("arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "transfer_s",
-              "prefill_ttft_s"):
+              "kv_load_s", "prefill_ttft_s"):
         frame[c] = frame[c].astype(np.float64)
     tt_col = np.empty(len(times), dtype=object)
     for i, t in enumerate(times):
@@ -218,6 +224,10 @@ def summarize_disaggregated(top, requests: pd.DataFrame, steps: pd.DataFrame, ti
         "prefill": pool_summary(requests, steps[pool_col == "prefill"], prefill, slo),
         "decode": pool_summary(requests, steps[pool_col == "decode"], decode, slo),
     }
+    # KV offloading and sessions: the prefill pool's tiers (the decode pool has none)
+    summary["kv_tiers"] = kv_tiers_report([getattr(getattr(r.policy, "kv", None), "tiers", None) for r in top.prefill],
+                                          prefill.limits.block_size, requests)
+    summary["sessions"] = returning_turn_ttft(requests)
     summary["pools"]["prefill"]["preemptions"] = int(sum(h.prefill.preemptions for h in top.handoffs))
     summary["pools"]["decode"]["preemptions"] = int(sum(h.decode.preemptions for h in top.handoffs
                                                         if h.landed_s == h.landed_s))

@@ -9,6 +9,7 @@ would get. The transferred bytes use the prefill pool's model spec (its ``kv_cac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,6 +78,10 @@ def resolve_pool(scn: Scenario, name: str, knobs_of: Callable) -> PoolDeployment
         limits = dep.limits_for(entry.name, knobs)
     except CbsimError as exc:
         raise CbsimError(f"disaggregation.{name}: {exc}") from None
+    if name == "decode" and getattr(limits, "kv_offload", None) is not None:
+        # the decode pool receives each prompt's KV over the link and never looks a prefix up:
+        # KV offloading (and its tiers' hits) is the prefill pool's
+        limits = dataclasses.replace(limits, kv_offload=None)
     probe = make_policy(entry.name, limits, **knobs)
     return PoolDeployment(name, dep, entry, knobs, limits, probe.max_slots, probe.token_budget,
                           probe.kv_blocks_total())

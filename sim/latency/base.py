@@ -67,7 +67,13 @@ class LatencyModel:
         self.kv_bytes_per_token = model.kv_bytes_per_token(tensor_parallel)
         self.kv_bytes_per_block = self.kv_bytes_per_token * block_size
         # per-step constants, computed once (the hot path prices hundreds of thousands of steps)
+        # per decode token (one token = one sequence: the LM head included) ...
         self._flops_per_token = model.flops_per_token(tensor_parallel)
+        # ... and split, for steps with prefill chunks: the LM head runs once per sequence (vLLM
+        # computes logits only at each scheduled request's last position), as the roofline counts
+        # it, so MFU means the same on every backend
+        self._layer_flops_per_token = model.layer_flops_per_token(tensor_parallel)
+        self._lm_head_flops = model.lm_head_flops(tensor_parallel)
         self._attn_flops_per_pair = (model.attention_flops_per_pair(tensor_parallel) if getattr(model, "is_mla", False)
                                      else 4.0 * model.num_heads * model.head_dim / tensor_parallel * model.num_layers)
         self._weight_bytes = model.weight_bytes(tensor_parallel)
@@ -96,15 +102,17 @@ class LatencyModel:
 
     def recompute_flops(self, tokens: int, pairs: float) -> float:
         """FLOPs of ``tokens`` recomputed tokens whose attention covers ``pairs`` query-key pairs
-        (:mod:`sim.metrics.recompute`): step time, but not useful work, so MFU leaves them out."""
-        return self._flops_per_token * tokens + self._attn_flops_per_pair * pairs
+        (:mod:`sim.metrics.recompute`): step time, but not useful work, so MFU leaves them out (the LM
+        head runs for the sequence's new token, which is useful work)."""
+        return self._layer_flops_per_token * tokens + self._attn_flops_per_pair * pairs
 
     def step_flops_bytes(self, shape: StepShape) -> tuple[float, float]:
         """FLOPs and HBM bytes of one step on one GPU (a TP shard)."""
         n = shape.num_tokens
         # linear layers, plus attention: QK^T and PV, 2 FLOPs per multiply-add, per layer and
         # per query-key pair
-        flops = self._flops_per_token * n + self._attn_flops_per_pair * (shape.prefill_attn + shape.decode_ctx)
+        flops = (self._layer_flops_per_token * n + self._lm_head_flops * (shape.num_seqs + shape.spec_tokens)
+                 + self._attn_flops_per_pair * (shape.prefill_attn + shape.decode_ctx))
         # weights once per step, KV read (context) and written (new tokens), activations
         bytes_ = (self._weight_bytes + self.kv_bytes_per_token * (shape.kv_tokens_read + n)
                   + self._act_bytes_per_token * n)

@@ -4,7 +4,8 @@ The table (format: :mod:`sim.latency.table_format`) holds five components on gri
 is their sum: ``overhead + linear(T) + Σ prefill_attn(n, c) + decode_attn(b, c̄) + step_gap``, plus
 the optional ones when present: ``per_seq(S)`` (S = sequences in the step), ``decode_attn_mixed``
 in place of ``decode_attn`` when the step also holds a prefill chunk, the decode-skew term of
-``decode_skew_alpha``, and the engine's CPU time ``engine_cpu(S)``, combined with that GPU time
+``decode_skew_alpha``, less ``prefill_attn_launch_s`` for every prefill chunk after the first (one
+attention launch holds them all), and the engine's CPU time ``engine_cpu(S)``, combined with that GPU time
 as the engine schedules (``async_scheduling``: the larger of the two; otherwise their sum;
 :mod:`sim.latency.engine_cpu`).
 Per-request prefill chunks come from the :class:`StepPlan` (``num_new_tokens``, ``context``; a
@@ -51,6 +52,9 @@ class TableLatency(LatencyModel):
         self._cpu = _Grid1(comps["engine_cpu"], self) if "engine_cpu" in comps else None
         self.async_scheduling = bool(async_scheduling)
         self.skew = float(table.metadata.get("decode_skew_alpha") or 0.0)
+        # the engines run every prefill chunk of a step in one varlen attention launch: its fixed
+        # cost is paid once per step, not once per chunk (table_format: prefill_attn_launch_s)
+        self._launch = float(table.metadata.get("prefill_attn_launch_s") or 0.0)
         if self.skew:
             # the skew term needs each step's longest context, which price_decodes is not given:
             # shadowing it makes the engine's fast-forward price decode stretches step by step
@@ -106,6 +110,8 @@ class TableLatency(LatencyModel):
                 elif n > 0:
                     t += pre(n, c)
                     chunks += 1
+            if chunks > 1 and self._launch:
+                t -= self._launch * (chunks - 1)
         else:  # shape only: one chunk holding every prefill token, its context recovered from the pairs
             b = shape.decode_tokens
             ctx = shape.decode_ctx - b  # decode_ctx counts c + 1 keys per decode

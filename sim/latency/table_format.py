@@ -114,6 +114,15 @@ Optional keys (null or absent when not applicable or unknown):
 - ``engine``: mapping describing the engine the table stands for (``name``, ``version``, how
   the source measured it, e.g. ``enforce_eager``).
 - ``decode_skew_alpha``: number in [0, 1], see "Decode skew" above.
+- ``aic_agreement``: the same mapping as ``heldout_error``, for tables composed from a kernel
+  database: how the composed table prices whole steps against the database's own step predictor
+  (it is no held-out measurement; kernel-db tables written before it existed call it
+  ``heldout_error``, and still load).
+- ``prefill_attn_launch_s``: seconds of ``prefill_attn`` that are the attention launch's fixed
+  cost, paid once per step however many prefill chunks share it (the engines run every chunk of a
+  step in one varlen attention launch). 0 or absent: every chunk pays its full ``prefill_attn``.
+- ``corpus_error``: free-form mapping: the table's measured error on a corpus of real serving runs
+  (``bench/silicon_accuracy.py``), for the table's own GPU.
 - ``parallel``: the layout beyond ``tensor_parallel`` the table was made for: ``{"data_parallel":
   D, "expert_parallel": E, "moe_tensor_parallel": M}`` (attention data-parallel ranks stepping
   together, expert-parallel GPUs, the experts' own tensor-parallel split). Absent: data_parallel
@@ -160,7 +169,8 @@ ALL_COMPONENTS: dict[str, tuple[str, ...]] = {**COMPONENTS, **OPTIONAL_COMPONENT
 REQUIRED_METADATA = ("format_version", "source", "device", "model", "dtype", "block_size",
                      "tensor_parallel", "date", "grid")
 OPTIONAL_METADATA = ("torch_version", "driver_version", "num_gpu_blocks", "gpu_memory_utilization",
-                     "bandwidth", "heldout_error", "fit", "provenance", "engine", "decode_skew_alpha", "parallel")
+                     "bandwidth", "heldout_error", "fit", "provenance", "engine", "decode_skew_alpha", "parallel",
+                     "aic_agreement", "prefill_attn_launch_s", "corpus_error")
 PARALLEL_KEYS = ("data_parallel", "expert_parallel", "moe_tensor_parallel")
 
 
@@ -306,13 +316,20 @@ def validate_metadata(meta: Any, where: str | Path = METADATA_FILE) -> None:
         for key, value in par.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CbsimError(f"{where}: parallel.{key} must be a positive integer, got {value!r}")
-    err = meta.get("heldout_error")
-    if err is not None and not isinstance(err, dict):
-        raise CbsimError(f"{where}: heldout_error must be a mapping or null, got {err!r:.60}")
-    if err is not None:
-        missing = [k for k in ("mean_abs_rel", "p90_abs_rel", "n", "measured_on") if k not in err]
-        if missing:
-            raise CbsimError(f"{where}: heldout_error lacks {', '.join(missing)}")
+    for key in ("heldout_error", "aic_agreement"):
+        err = meta.get(key)
+        if err is not None and not isinstance(err, dict):
+            raise CbsimError(f"{where}: {key} must be a mapping or null, got {err!r:.60}")
+        if err is not None:
+            missing = [k for k in ("mean_abs_rel", "p90_abs_rel", "n", "measured_on") if k not in err]
+            if missing:
+                raise CbsimError(f"{where}: {key} lacks {', '.join(missing)}")
+    launch = meta.get("prefill_attn_launch_s")
+    if launch is not None and (isinstance(launch, bool) or not isinstance(launch, int | float) or launch < 0
+                               or not math.isfinite(launch)):
+        raise CbsimError(f"{where}: prefill_attn_launch_s must be a number of seconds >= 0 or null, got {launch!r}")
+    if meta.get("corpus_error") is not None and not isinstance(meta["corpus_error"], dict):
+        raise CbsimError(f"{where}: corpus_error must be a mapping or null, got {meta['corpus_error']!r:.60}")
 
 
 def read_csv(path: Path) -> dict[str, Component]:

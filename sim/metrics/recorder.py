@@ -40,7 +40,7 @@ from sim.metrics.steps import STEP_COLUMNS, STORED_COLUMNS, ReplicaSteps, merge_
 from sim.metrics.token_times import flat_token_times, itl_stats_from_runs, weighted_stats
 
 __all__ = [
-    "HORIZON_REACHED", "REQUEST_COLUMNS", "SPEC_REQUEST_COLUMNS", "STEP_COLUMNS", "STORED_COLUMNS", "TOKEN_TIMES_LIMIT", "Recorder",
+    "HORIZON_REACHED", "KV_REQUEST_COLUMNS", "REQUEST_COLUMNS", "SPEC_REQUEST_COLUMNS", "STEP_COLUMNS", "STORED_COLUMNS", "TOKEN_TIMES_LIMIT", "Recorder",
     "ReplicaSteps", "RequestRecord", "emit_step_tokens", "explain_unfinished", "token_times_limit",
     "weighted_stats",
 ]
@@ -54,6 +54,10 @@ REQUEST_COLUMNS = (
 # speculative decoding, per request: steps that verified drafts, drafts verified, drafts accepted
 # (zeros without speculation; not in REQUEST_COLUMNS, so results written before them still load)
 SPEC_REQUEST_COLUMNS = ("spec_steps", "spec_proposed", "spec_accepted")
+
+# prefix caching, per request: prompt tokens found cached at admission (any tier), those of them
+# loaded from tiers below the GPU instead of recomputed, and the seconds their copies took (zeros without offloading; not in REQUEST_COLUMNS either)
+KV_REQUEST_COLUMNS = ("prefix_hit_tokens", "tier_hit_tokens", "kv_load_s")
 
 TOKEN_TIMES_LIMIT = 20_000_000  # tokens (160 MB of times); beyond this, token_times_s stays out of memory
 
@@ -137,8 +141,12 @@ class Recorder:
         }
         for name in SPEC_REQUEST_COLUMNS:
             cols[name] = np.fromiter((getattr(r, name) for r in recs), dtype=np.int64, count=len(recs))
+        cols["prefix_hit_tokens"] = np.fromiter((r.prefix_hit_tokens for r in recs), dtype=np.int64,
+                                                count=len(recs))
+        cols["tier_hit_tokens"] = np.fromiter((r.tier_hit_tokens for r in recs), dtype=np.int64, count=len(recs))
+        cols["kv_load_s"] = np.fromiter((r.kv_load_s for r in recs), dtype=np.float64, count=len(recs))
         columns = list(REQUEST_COLUMNS)
-        columns[columns.index("swaps") + 1:columns.index("swaps") + 1] = SPEC_REQUEST_COLUMNS
+        columns[columns.index("swaps") + 1:columns.index("swaps") + 1] = SPEC_REQUEST_COLUMNS + KV_REQUEST_COLUMNS
         if token_times:
             flat, counts = flat_token_times(self.replicas, recs)
             bounds = np.concatenate(([0], np.cumsum(counts))).tolist()

@@ -47,6 +47,10 @@ class RequestRecord:
         "spec_proposed",
         "spec_accepted",
         "spec_rng",
+        # KV tiers below the GPU (policies.kv.tiers): tokens loaded from them, seconds of copying
+        "tier_hit_tokens",
+        "kv_load_s",
+        "prefix_hit_tokens",
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
@@ -72,6 +76,9 @@ class RequestRecord:
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_rng = None
+        self.tier_hit_tokens = 0
+        self.kv_load_s = 0.0
+        self.prefix_hit_tokens = 0  # prompt tokens not computed at admission: GPU and tier hits
 
     @property
     def generated(self) -> int:

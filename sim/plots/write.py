@@ -3,7 +3,7 @@
 The timeline is written only for small runs (at most ``max_requests`` requests per policy: past
 that its rows are unreadable), and the paged-vs-contiguous figure only when both kinds of policy
 ran, and the capacity figure only when the summaries hold the saturated measurements ``cbsim run``
-makes for a static-vs-continuous scenario. Each figure is cleared once saved, so sweeps that write thousands of folders hold no figures.
+makes for a static-vs-continuous scenario, and the KV-tiers figure only when a policy offloaded KV. Each figure is cleared once saved, so sweeps that write thousands of folders hold no figures.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sim.plots.capacity import plot_capacity
 from sim.plots.kv import plot_kv
+from sim.plots.kv_tiers import plot_kv_tiers
 from sim.plots.latency import plot_latency_cdfs
 from sim.plots.paged import plot_paged_vs_contiguous
 from sim.plots.style import DPI, SIZE_IN, save_png
@@ -25,6 +26,7 @@ FILES = {
     "timeline": "timeline.png",
     "paged_vs_contiguous": "paged_vs_contiguous.png",
     "capacity": "capacity.png",
+    "kv_tiers": "kv_tiers.png",
 }
 
 
@@ -56,6 +58,7 @@ def write_all(result, folder, max_requests: int = MAX_REQUESTS) -> list[Path]:
         figures.append(("timeline", lambda r: plot_timeline(r, max_requests=max_requests)))
     figures.append(("paged_vs_contiguous", plot_paged_vs_contiguous))
     figures.append(("capacity", plot_capacity))
+    figures.append(("kv_tiers", plot_kv_tiers))  # only when a policy ran with KV tiers
     for key, draw in figures:
         fig = draw(result)
         if fig is None:

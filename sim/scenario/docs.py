@@ -104,13 +104,15 @@ def key_reference_page() -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m sim.scenario.docs [--check] [PATH]``: write the key reference page (default
     ``docs/scenario-keys.md`` under the current directory); ``--check`` exits 1 if it differs."""
-    import sys
+    import argparse
     from pathlib import Path
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    check = "--check" in args
-    rest = [a for a in args if a != "--check"]
-    path = Path(rest[0] if rest else KEY_PAGE)
+    parser = argparse.ArgumentParser(prog="python -m sim.scenario.docs",
+                                     description="Write the scenario key reference page.")
+    parser.add_argument("path", nargs="?", default=str(KEY_PAGE), help="the page to write (or check)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page differs; write nothing")
+    ns = parser.parse_args(argv)
+    check, path = ns.check, Path(ns.path)
     text = key_reference_page()
     if check:
         same = path.is_file() and path.read_text(encoding="utf-8") == text

@@ -15,6 +15,7 @@ from pathlib import Path
 from policies.base import EngineLimits
 from sim.hardware.gpus import GPUSpec, get_gpu
 from sim.hardware.kv_capacity import expert_parallel, resolve_kv
+from sim.hardware.kv_tiers import offload_config
 from sim.hardware.models import ModelSpec, get_model
 from sim.scenario.schema import Scenario
 
@@ -123,6 +124,7 @@ def engine_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec) -> EngineLimits
         max_num_batched_tokens=e.max_num_batched_tokens,
         max_model_len=e.max_model_len,
         device=device_of(gpu, scn.hardware.tensor_parallel),
+        kv_offload=offload_config(e, model, gpu, scn.hardware.tensor_parallel),
     )
 
 

@@ -252,6 +252,17 @@ class Latency(BaseModel):
         return self
 
 
+class KVTier(BaseModel):
+    """A KV tier below the CPU one (LMCache's local disk, HiCache's storage): its size and speed."""
+
+    model_config = _cfg()
+
+    name: str = Field(..., min_length=1, description="the tier's name in the summary (e.g. disk)")
+    capacity_gib: float = Field(..., gt=0, description="GiB of KV blocks it holds (the total over TP ranks)")
+    read_gbps: float = Field(..., gt=0, description="GB/s read back to the GPU (e.g. an NVMe SSD's sequential read)")
+    write_gbps: float = Field(..., gt=0, description="GB/s written (blocks demoted from the tier above)")
+
+
 class Engine(BaseModel):
     """Engine-wide limits, with vLLM's names and defaults."""
 
@@ -289,8 +300,21 @@ class Engine(BaseModel):
                                                      "overlaps the GPU's, a step takes the larger of the two; "
                                                      "false: their sum")
 
+    kv_offloading_size: float | None = Field(None, gt=0, description="GiB of CPU memory for KV blocks evicted "
+                                             "from the GPU prefix cache (vLLM's --kv-offloading-size, the "
+                                             "total over TP ranks); null: no offloading (vllm-v1 only; "
+                                             "docs/kv-tiers.md)")
+    kv_offloading_backend: Literal["native", "lmcache"] = Field(
+        "native", description="vLLM's --kv-offloading-backend: native (OffloadingConnector: loads overlap "
+                              "a step, the request computes from the next) or lmcache (256-token chunks, "
+                              "loads on the step)")
+    kv_tiers: list[KVTier] = Field(default_factory=list, description="further tiers below the CPU one, in "
+                                   "order (e.g. a local disk); needs kv_offloading_size")
+
     @model_validator(mode="after")
     def _check(self) -> Engine:
+        if self.kv_tiers and self.kv_offloading_size is None:
+            raise KeyedError("kv_tiers", "needs engine.kv_offloading_size (the CPU tier above them); set it")
         if self.block_size & (self.block_size - 1):
             raise KeyedError("block_size", f"must be a power of two, got {self.block_size}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.block_size:

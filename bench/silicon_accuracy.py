@@ -1,0 +1,483 @@
+"""cbsim's kernel-db clock against AIConfigurator's public serving measurements (silicon_sample.csv).
+
+What it answers: on the GPUs people buy (H100, H200, B200), how far are cbsim's TTFT and TPOT from
+real vLLM / SGLang / TRT-LLM servers, when the latency table is composed from published kernel
+measurements only (``calib/sources/kernel_db.py``)? ``aiconfigurator-core`` 0.12.0 ships 5,221 real
+serving measurements (Apache-2.0): each row is one engine version, model, GPU, precision and
+TP/EP/DP layout, served closed-loop (a benchmark client keeps ``concurrency`` requests in flight,
+sending the next as soon as one finishes) with fixed input and output lengths, and the measured
+mean TTFT and TPOT. The corpus is a judge: nothing in cbsim is fitted to it.
+
+For every row cbsim can price (:func:`classify` says why the others are skipped), the bench builds
+(and caches under ``bench/.cache/silicon/``, gitignored) one kernel-db table per (GPU, model, TP,
+precision, engine, kernel-database version), simulates the row closed-loop
+(``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
+limits, ``--rounds`` requests per client (the first round is the opening wave the benchmark tools
+also start with; the clients' first sends ``--send-gap-ms`` apart), and reports the signed error of mean TTFT and mean TPOT per row, and per
+(GPU, engine, model) group the median and p90 of |error| and the median signed error.
+
+    .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
+
+``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
+The whole priceable set runs in a process pool over rows (``--workers``, default: every core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CACHE = ROOT / "bench" / ".cache" / "silicon"
+
+# engine in the corpus -> cbsim policy that schedules as it does; a row whose policy is not registered
+# (policies/registry.py) is skipped with that reason, so a new policy (trtllm) is picked up by name
+ENGINE_POLICIES = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "trtllm"}
+
+# corpus model names -> the ORG/NAME whose config.json describes the same architecture (shapes only:
+# the table prices kernels by shape). Hugging Face renamed meta-llama's 3.1 repositories from
+# "Meta-Llama-3.1-*" to "Llama-3.1-*"; an Instruct fine-tune and NVIDIA's FP8 checkpoint of it keep
+# the base model's shapes (the precision comes from the row).
+MODEL_ALIASES = {
+    "meta-llama/Llama-3.1-8B": "meta-llama/Meta-Llama-3.1-8B",
+    "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
+}
+PRECISIONS = ("bf16", "fp8")
+ROUNDS = 4  # requests per client: the opening wave plus three rounds of the loop it settles into
+# The clients' first requests reach the engine one after another, not at one instant: a benchmark
+# client opens its N streams from one event loop, and the engine's API server takes each request
+# through its own asyncio loop (parse, tokenize, hand to the engine core) one at a time. The engine
+# starts a step as soon as one request is there, so the first request is prefilled alone and the
+# rest wait for the next step: the opening wave splits. 1 ms per request is the order of tokenizing
+# a 1k-token prompt; any gap much shorter than a prefill step splits the wave the same way
+# (docs/accuracy-corpus.md shows 0.1 and 5 ms).
+SEND_GAP_MS = 1.0
+
+
+def corpus_path() -> Path:
+    """``aiconfigurator_core/systems/silicon_sample.csv`` of the installed package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("aiconfigurator-core is not installed: pip install 'cbsim[gpu-data]'")
+    return Path(list(spec.submodule_search_locations)[0]) / "systems" / "silicon_sample.csv"
+
+
+@dataclass
+class Row:
+    id: str
+    engine: str
+    version: str  # the row's engine version ("" when the corpus does not say)
+    model: str  # as the corpus names it
+    system: str  # AIConfigurator's system name
+    precision: str
+    tp: int
+    isl: int
+    osl: int
+    concurrency: int
+    ttft_ms: float
+    tpot_ms: float
+    gemm_quant: str = ""  # the corpus' gemm_quant_mode (fp8, fp8_block, ...)
+    skip: str = ""  # why cbsim cannot price it ("" = priced)
+    gpu: str = ""  # cbsim GPU id
+    config: str = ""  # the config.json priced
+    policy: str = ""
+
+    fp8_scaling: str | None = None  # 'block' or 'tensor' for fp8 rows (classify)
+
+    @property
+    def table_key(self) -> tuple:
+        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
+
+    @property
+    def config_name(self) -> str:
+        return MODEL_ALIASES.get(self.model, self.model)
+
+    @property
+    def group(self) -> str:
+        return f"{self.system} {self.engine} {self.model}"
+
+
+def read_rows(path: Path | None = None) -> list[Row]:
+    import pandas as pd
+
+    d = pd.read_csv(path or corpus_path())
+    rows = []
+    for r in d.itertuples(index=False):
+        rows.append(_row(r))
+    return rows
+
+
+def _num(x, default=None):
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(v) else v
+
+
+def _text(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else str(x)
+
+
+def _row(r) -> Row:
+    precision = _text(r.precision) or _text(r.gemm_quant_mode)
+    row = Row(id=r.id, engine=r.backend, version=_text(r.backend_version), model=r.model_path, system=r.system,
+              precision=precision, tp=int(_num(r.tp_size, 0) or 0), isl=int(r.isl), osl=int(r.osl),
+              concurrency=int(_num(r.batch_size, 0) or 0), ttft_ms=float(r.silicon_ttft_ms),
+              tpot_ms=float(r.silicon_tpot_ms), gemm_quant=_text(r.gemm_quant_mode))
+    row.skip = _layout_skip(r, row)
+    return row
+
+
+def _layout_skip(r, row: Row) -> str:
+    if r.mode != "agg":
+        return f"mode {r.mode}: disaggregated rows are not replayed yet"
+    if row.tp < 1 or row.concurrency < 1:
+        return "no tp_size or concurrency"
+    if (_num(r.pp_size, 1) or 1) != 1:
+        return f"pipeline parallel {r.pp_size:g}: cbsim has no pipeline parallelism"
+    if (_num(r.attention_dp_size, 1) or 1) != 1:
+        return f"attention data parallel {r.attention_dp_size:g}"
+    if (_num(r.moe_ep_size, 1) or 1) != 1:
+        return f"expert parallel {r.moe_ep_size:g}"
+    return ""
+
+
+def classify(rows: list[Row]) -> None:
+    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` on each row."""
+    from calib.sources.kernel_db import GPU_SYSTEMS, fp8_quant_mode
+    from policies.registry import POLICIES
+    from sim.errors import CbsimError
+    from sim.hardware.gpus import GPUS
+    from sim.hardware.model_sources import find_config
+    from sim.hardware.models import get_model
+
+    gpu_of = {v: k for k, v in GPU_SYSTEMS.items()}
+    models: dict[str, tuple[str, str]] = {}  # config name -> (path, error)
+    for row in rows:
+        if row.skip:
+            continue
+        policy = ENGINE_POLICIES.get(row.engine)
+        if policy is None or policy not in POLICIES:
+            row.skip = f"engine {row.engine}: no cbsim policy ({policy or 'none'} is not registered)"
+            continue
+        gpu = gpu_of.get(row.system)
+        if gpu is None or gpu not in GPUS:
+            row.skip = f"GPU {row.system}: not in cbsim's GPU list or the kernel database"
+            continue
+        name = row.config_name
+        if name not in models:
+            try:
+                found = find_config(name)
+                get_model(name)
+                models[name] = (str(found.path), "")
+            except CbsimError as exc:
+                models[name] = ("", str(exc).split(";")[0][:160])
+        path, err = models[name]
+        if err:
+            row.skip = f"model {row.model}: {err}"
+            continue
+        if not row.precision:  # the corpus leaves it blank for unquantized checkpoints: their own dtype
+            row.precision = "fp8" if getattr(get_model(name), "quantization", None) == "fp8" else "bf16"
+        if row.precision not in PRECISIONS:
+            row.skip = f"precision {row.precision}: cbsim prices bf16 and fp8"
+            continue
+        if row.precision == "fp8":
+            # the checkpoint's own scales when its config names them (an engine cannot run per-tensor
+            # kernels on block-scaled weights), else what the corpus says the collection ran
+            config = json.loads(Path(path).read_text(encoding="utf-8"))
+            block = fp8_quant_mode(config) == "fp8_block" or row.gemm_quant == "fp8_block"
+            row.fp8_scaling = "block" if block else "tensor"
+        row.gpu, row.config, row.policy = gpu, path, policy
+
+
+# ------------------------------------------------------------------------------------------------
+# tables: one per (GPU, model, TP, precision, engine), cached by the code that composes them
+# ------------------------------------------------------------------------------------------------
+def code_hash() -> str:
+    """Changes whenever the composition or the simulator's pricing could: the cache's key."""
+    h = hashlib.sha256()
+    for rel in ("calib/sources/kernel_db.py", "sim/latency/table.py", "sim/latency/engine_cpu.py"):
+        h.update((ROOT / rel).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def table_dir(key: tuple, digest: str) -> Path:
+    gpu, config, tp, precision, engine, scaling = key
+    slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
+    return CACHE / digest / slug
+
+
+def build_one(args) -> tuple[tuple, str, str]:
+    """Build (or find cached) one table; (key, folder, error)."""
+    key, digest = args
+    out = table_dir(key, digest)
+    if (out / "metadata.json").is_file():
+        return key, str(out), ""
+    from calib.sources.kernel_db import build_table
+    from sim.errors import CbsimError
+    from sim.latency.table_format import write_table
+
+    gpu, config, tp, precision, engine, scaling = key
+    try:
+        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
+    except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
+        kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
+        return key, "", (kind + str(exc).split(" at /")[0])[:240]
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    write_table(tmp, comp.table)
+    tmp.rename(out)
+    return key, str(out), ""
+
+
+# ------------------------------------------------------------------------------------------------
+# one row, closed-loop
+# ------------------------------------------------------------------------------------------------
+def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
+    return {
+        "name": f"silicon-{row.id}",
+        "seed": 0,
+        "model": {"hf_config": row.config, "quantization": "fp8" if row.precision == "fp8" else None},
+        "hardware": {"gpu": row.gpu, "tensor_parallel": row.tp, "count": row.tp},
+        "latency": {"backend": "table", "path": table},
+        "workload": {
+            "num_requests": row.concurrency * rounds,
+            "arrival": {"process": "closed", "concurrency": row.concurrency,
+                        "ramp_s": round(send_gap_s * row.concurrency, 9)},
+            "prompt_tokens": {"dist": "fixed", "value": row.isl},
+            "output_tokens": {"dist": "fixed", "value": row.osl},
+            "max_tokens": row.osl,
+        },
+        "engine": {"max_model_len": row.isl + row.osl + 16},
+        "policies": [{"name": row.policy}],
+    }
+
+
+@dataclass
+class Result:
+    id: str
+    group: str
+    ttft_ms: float
+    tpot_ms: float
+    sim_ttft_ms: float = float("nan")
+    sim_tpot_ms: float = float("nan")
+    ttft_err: float = float("nan")
+    tpot_err: float = float("nan")
+    error: str = ""
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def simulate(args) -> Result:
+    row, table, rounds, send_gap_s = args
+    import warnings
+
+    import sim
+    from sim.errors import CbsimError
+
+    t0 = time.perf_counter()
+    res = Result(row.id, row.group, row.ttft_ms, row.tpot_ms)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = sim.run(scenario_of(row, table, rounds, send_gap_s))
+        req = result.requests
+        res.sim_ttft_ms = float(req["ttft_s"].mean()) * 1e3
+        res.sim_tpot_ms = float(req["tpot_s"].mean()) * 1e3
+        res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
+        res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
+    except CbsimError as exc:
+        res.error = str(exc)[:200]
+    res.wall_s = time.perf_counter() - t0
+    return res
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    pos = q * (len(xs) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
+
+
+def groups(results: list[Result]) -> dict[str, dict]:
+    by: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if not r.error:
+            by[r.group].append(r)
+    out = {}
+    for g, rs in sorted(by.items()):
+        entry = {"rows": len(rs)}
+        for metric in ("ttft", "tpot"):
+            errs = [getattr(r, f"{metric}_err") for r in rs]
+            entry[metric] = {"median_abs": quantile([abs(e) for e in errs], 0.5),
+                             "p90_abs": quantile([abs(e) for e in errs], 0.9),
+                             "median_signed": quantile(errs, 0.5)}
+        out[g] = entry
+    return out
+
+
+def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
+    skipped = defaultdict(int)
+    for r in rows:
+        if r.skip:
+            skipped[r.skip] += 1
+    print(f"corpus: {len(rows)} rows; priced {len(results)}; skipped {sum(skipped.values())}")
+    for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])[:25 if not verbose else None]:
+        print(f"  skipped {n:5d}: {reason}")
+    if len(skipped) > 25 and not verbose:
+        print(f"  ... {len(skipped) - 25} more reasons (--verbose lists them all)")
+    if verbose:
+        print("\nper row (signed error of the mean: sim / real - 1)")
+        for r in sorted(results, key=lambda r: (r.group, r.id)):
+            if r.error:
+                print(f"  {r.id:70s} ERROR {r.error}")
+            else:
+                print(f"  {r.id:70s} TTFT {r.ttft_ms:9.1f} -> {r.sim_ttft_ms:9.1f} ms {r.ttft_err:+7.1%}   "
+                      f"TPOT {r.tpot_ms:7.2f} -> {r.sim_tpot_ms:7.2f} ms {r.tpot_err:+7.1%}")
+    failed = [r for r in results if r.error]
+    if failed:
+        reasons = defaultdict(int)
+        for r in failed:
+            reasons[r.error.split(":")[0] + ": " + r.error.split(":", 1)[-1][:90]] += 1
+        print(f"\n{len(failed)} rows cbsim refused to simulate (left out of the groups):")
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            print(f"  {n:5d}: {reason}")
+    print(f"\n{'group (GPU engine model)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} {'signed':>7s}  "
+          f"{'TPOT |err| med':>14s} {'p90':>7s} {'signed':>7s}")
+    for g, e in groups(results).items():
+        t, p = e["ttft"], e["tpot"]
+        print(f"{g:58s} {e['rows']:4d}  {t['median_abs']:14.1%} {t['p90_abs']:7.1%} {t['median_signed']:+7.1%}  "
+              f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
+
+
+def _stats(rs: list[dict]) -> dict:
+    out: dict = {"rows": len(rs)}
+    for metric in ("ttft", "tpot"):
+        errs = [r[f"{metric}_err"] for r in rs]
+        out[metric] = {"median_abs": round(quantile([abs(e) for e in errs], 0.5), 4),
+                       "p90_abs": round(quantile([abs(e) for e in errs], 0.9), 4),
+                       "median_signed": round(quantile(errs, 0.5), 4)}
+    return out
+
+
+def stamp(table: Path, report: dict) -> dict:
+    """Write into a table's metadata.json (key ``corpus_error``) its GPU's and engine's measured
+    error on the corpus: every priced row of that GPU and engine, and per model."""
+    from sim.latency.table_format import read_table, write_table
+
+    t = read_table(table)
+    prov = t.metadata.get("provenance") or {}
+    system, engine = prov.get("gpu"), prov.get("engine")
+    if not system or not engine:
+        raise SystemExit(f"--stamp {table}: not a kernel-db table (metadata.provenance has no gpu/engine)")
+    rs = [r for r in report["rows"] if not r["error"] and r["group"].startswith(f"{system} {engine} ")]
+    if not rs:
+        raise SystemExit(f"--stamp {table}: the report has no priced {engine} rows on {system}")
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rs:
+        by[r["group"].split(" ", 2)[2]].append(r)
+    t.metadata["corpus_error"] = {
+        "corpus": "aiconfigurator-core systems/silicon_sample.csv (real closed-loop serving runs)",
+        "gpu": system, "engine": engine, **_stats(rs),
+        "by_model": {m: _stats(v) for m, v in sorted(by.items())},
+        "measured_by": f"bench/silicon_accuracy.py: closed loop at each row's concurrency, {report['rounds']} "
+                       f"requests per client, first sends {report.get('send_gap_ms', SEND_GAP_MS)} ms apart; "
+                       "errors are sim / real - 1 of mean TTFT and mean TPOT, on tables composed the same way "
+                       "for each row's own model, TP and precision (docs/accuracy-corpus.md)",
+    }
+    write_table(table, t)
+    return t.metadata["corpus_error"]
+
+
+def select(rows: list[Row], only: list[str]) -> list[Row]:
+    if not only:
+        return rows
+    keep = []
+    for r in rows:
+        hay = " ".join((r.id, r.system, r.engine, r.model, r.gpu)).lower()
+        if all(o.lower() in hay for o in only):
+            keep.append(r)
+    return keep
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
+    ap.add_argument("--json", type=Path, default=None, help="write every row's result and the groups here")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"requests per client (default {ROUNDS})")
+    ap.add_argument("--send-gap-ms", type=float, default=SEND_GAP_MS,
+                    help=f"ms between the clients' first sends (default {SEND_GAP_MS}; 0: all at once)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
+    ap.add_argument("--stamp", type=Path, action="append", default=[],
+                    help="a kernel-db table folder whose metadata.json gets its GPU's corpus error (repeatable)")
+    ap.add_argument("--from-json", type=Path, default=None, help="stamp from a report --json wrote, without a run")
+    args = ap.parse_args(argv)
+    if args.from_json is not None:
+        report = json.loads(args.from_json.read_text())
+        for table in args.stamp:
+            e = stamp(table, report)
+            print(f"{table}: {e['rows']} rows, TTFT |err| median {e['ttft']['median_abs']:.1%}, TPOT |err| median "
+                  f"{e['tpot']['median_abs']:.1%}")
+        return 0
+
+    t0 = time.perf_counter()
+    rows = select(read_rows(), args.only)
+    classify(rows)
+    priced = [r for r in rows if not r.skip]
+    digest = code_hash()
+    keys = sorted({r.table_key for r in priced})
+    tables: dict[tuple, str] = {}
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        for key, folder, err in pool.map(build_one, [(k, digest) for k in keys]):
+            if err:
+                for r in priced:
+                    if r.table_key == key:
+                        r.skip = f"kernel database: {err}"
+            else:
+                tables[key] = folder
+        t_tables = time.perf_counter() - t0
+        priced = [r for r in priced if not r.skip]
+        # longest first, so the pool's last task is a short one
+        priced.sort(key=lambda r: -(r.concurrency * args.rounds * (r.osl + 1)))
+        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3) for r in priced]
+        results = list(pool.map(simulate, work, chunksize=1))
+    wall = time.perf_counter() - t0
+    print_report(rows, results, args.verbose)
+    print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
+          f"{args.workers} workers")
+    report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "wall_s": wall,
+              "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
+              "rows": [asdict(r) for r in results], "groups": groups(results)}
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+    for table in args.stamp:
+        stamp(table, json.loads(json.dumps(report, default=str)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

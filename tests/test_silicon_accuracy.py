@@ -1,0 +1,69 @@
+"""bench/silicon_accuracy.py's bookkeeping: which corpus rows it prices and why it skips the others,
+and the group statistics it prints (the replay itself is the bench's job, not a test's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
+                                reason="the corpus ships with the optional extra cbsim[gpu-data]")
+
+
+def _row(**kw):
+    from bench.silicon_accuracy import Row
+
+    base = dict(id="r", engine="vllm", version="0.12.0", model="meta-llama/Llama-3.1-70B", system="h200_sxm",
+                precision="fp8", tp=2, isl=1024, osl=128, concurrency=8, ttft_ms=100.0, tpot_ms=10.0)
+    base.update(kw)
+    return Row(**base)
+
+
+def test_rows_are_priced_or_skipped_with_a_reason():
+    from bench.silicon_accuracy import classify
+
+    rows = {"ok": _row(), "engine": _row(engine="tgi"), "gpu": _row(system="mi300x"),
+            "fp4": _row(precision="fp4"), "model": _row(model="zhipuai/GLM-5"), "blank": _row(precision="",
+                                                                                            model="Qwen/Qwen3-32B"),
+            "block": _row(model="Qwen/Qwen3-235B-A22B-FP8", tp=4)}
+    classify(list(rows.values()))
+    assert rows["ok"].skip == "" and rows["ok"].policy == "vllm-v1" and rows["ok"].gpu == "h200"
+    assert rows["ok"].config.endswith("meta-llama--Meta-Llama-3.1-70B_config.json")  # the renamed repository
+    assert rows["ok"].fp8_scaling == "tensor"
+    assert "no cbsim policy" in rows["engine"].skip
+    assert "GPU mi300x" in rows["gpu"].skip
+    assert rows["fp4"].skip == "precision fp4: cbsim prices bf16 and fp8"
+    assert rows["model"].skip.startswith("model zhipuai/GLM-5")
+    assert rows["blank"].skip == "" and rows["blank"].precision == "bf16"  # the checkpoint's own dtype
+    assert rows["block"].fp8_scaling == "block"  # its config.json has weight_block_size
+
+
+def test_layouts_cbsim_does_not_model_are_skipped_from_the_csv_row():
+    from types import SimpleNamespace
+
+    from bench.silicon_accuracy import _layout_skip
+
+    def csv(**kw):
+        base = dict(mode="agg", pp_size=1.0, attention_dp_size=float("nan"), moe_ep_size=1.0)
+        base.update(kw)
+        return SimpleNamespace(**base)
+
+    assert _layout_skip(csv(), _row()) == ""
+    assert "disaggregated" in _layout_skip(csv(mode="disagg"), _row())
+    assert "pipeline parallel 2" in _layout_skip(csv(pp_size=2.0), _row())
+    assert _layout_skip(csv(attention_dp_size=4.0), _row()) == "attention data parallel 4"
+    assert _layout_skip(csv(moe_ep_size=8.0), _row()) == "expert parallel 8"
+
+
+def test_group_statistics_are_median_and_p90_of_the_absolute_error():
+    from bench.silicon_accuracy import Result, groups, quantile
+
+    rs = [Result(f"r{i}", "g", 1.0, 1.0, ttft_err=e, tpot_err=-e) for i, e in enumerate((0.1, -0.2, 0.3, -0.4, 0.5))]
+    g = groups(rs + [Result("bad", "g", 1.0, 1.0, error="refused")])["g"]
+    assert g["rows"] == 5
+    assert g["ttft"]["median_abs"] == pytest.approx(0.3) and g["ttft"]["median_signed"] == pytest.approx(0.1)
+    assert g["ttft"]["p90_abs"] == pytest.approx(0.46)  # linear between the 4th and 5th of 5
+    assert g["tpot"]["median_signed"] == pytest.approx(-0.1)
+    assert math.isnan(quantile([], 0.5))

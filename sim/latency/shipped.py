@@ -30,7 +30,10 @@ class ShippedTable:
     def facts(self) -> dict[str, Any]:
         """GPU, model, TP, dtype, source, engine and version, and the measured error, for ``cbsim tables``."""
         m, prov = self.metadata, self.metadata.get("provenance") or {}
-        held = m.get("heldout_error") or {}
+        # composed tables call it aic_agreement (agreement with AIConfigurator's own predictor); older
+        # and measured tables heldout_error: the same mapping
+        held = m.get("aic_agreement") or m.get("heldout_error") or {}
+        corpus = m.get("corpus_error") or {}
         model = m.get("model") or {}
         return {
             "name": self.name,
@@ -47,6 +50,9 @@ class ShippedTable:
             "heldout_p90_abs_rel": held.get("p90_abs_rel"),
             "heldout_n": held.get("n"),
             "heldout_measured_on": held.get("measured_on"),
+            "corpus_rows": corpus.get("rows"),
+            "corpus_ttft_median_abs": (corpus.get("ttft") or {}).get("median_abs"),
+            "corpus_tpot_median_abs": (corpus.get("tpot") or {}).get("median_abs"),
             "known_limits": prov.get("known_limits"),
             "path": str(self.path),
         }

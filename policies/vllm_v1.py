@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import accumulate
 from typing import Any
 
 from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
@@ -567,13 +568,11 @@ class VllmV1Policy(Policy):
         b = len(batch)
         self._stored_tokens = stored0 + b * k
         B = self.limits.block_size
-        used, reserved, stored = [], [], []
-        total = 0
-        for j, n in enumerate(allocated, 1):
-            total += n
-            used.append(used0 + total)
-            reserved.append(held0 + total * B)
-            stored.append(stored0 + b * j)
+        totals = list(accumulate(allocated))  # blocks allocated by the end of each step
+        used = [used0 + t for t in totals]
+        reserved = [held0 + t * B for t in totals]
+        # stored0 + b * j, j = 1..k
+        stored = list(range(stored0 + b, stored0 + b * k + 1, b)) if b else [stored0] * k
         return used, reserved, stored
 
 

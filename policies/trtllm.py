@@ -599,20 +599,6 @@ class TrtllmPolicy(Policy):
         return self.kv.decode_stretch_limit(batch, k)
 
     def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
-        kv = self.kv
-        used0, held0, stored0 = kv.num_used_blocks, kv.held_token_slots, self._stored_tokens
-        allocated = kv.advance_decodes(batch, k)
-        for r in batch:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
-        b = len(batch)
-        self._stored_tokens = stored0 + b * k
-        B = self.B
-        used, reserved, stored = [], [], []
-        total = 0
-        for j, n in enumerate(allocated, 1):
-            total += n
-            used.append(used0 + total)
-            reserved.append(held0 + total * B)
-            stored.append(stored0 + b * j)
-        return used, reserved, stored
+        stored0 = self._stored_tokens
+        self._stored_tokens = stored0 + len(batch) * k
+        return self.kv.advance_decode_stretch(batch, k, stored0)

@@ -345,6 +345,27 @@ class PagedKVManager:
                 hi = mid - 1
         return lo
 
+    def advance_decode_stretch(self, batch: list[Request], k: int,
+                               stored0: int) -> tuple[list[int], list[int], list[int]]:
+        """``Policy.advance_decodes`` for a policy whose KV is this manager (vLLM V1, TRT-LLM):
+        the block work of ``k`` pure-decode steps, then each request's counters up by ``k``.
+        Returns per step the blocks used, the token slots held, and the stored tokens counted
+        from ``stored0`` (the policy's own count before the stretch; each step adds one a request)."""
+        used0, held0 = self.num_used_blocks, self.held_token_slots
+        allocated = self.advance_decodes(batch, k)
+        for r in batch:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+        b, B = len(batch), self.block_size
+        used, reserved, stored = [], [], []
+        total = 0
+        for j, n in enumerate(allocated, 1):
+            total += n
+            used.append(used0 + total)
+            reserved.append(held0 + total * B)
+            stored.append(stored0 + b * j)
+        return used, reserved, stored
+
     def advance_decodes(self, batch: list[Request], k: int) -> list[int]:
         """Do the block work of ``k`` pure-decode steps (the caller then advances the requests'
         counters by ``k``): every step at which a request would allocate a block or register a

@@ -113,6 +113,22 @@ def overload_scenario(name: str, num_requests: int, rate: float, policies: list[
     }
 
 
+def long_prompt_disagg_scenario() -> dict:
+    """4,000-token prompts, 200-token outputs at 6 req/s on H200s (llama-3-8b, roofline) with a
+    p99 TPOT SLO of 7 ms that colocated chunked prefill misses and a disaggregated layout meets:
+    the planner's worked case (tests/test_disaggregation.py, tests/test_search_progress.py)."""
+    return {"name": "long-prompts", "seed": 1, "model": "llama-3-8b", "hardware": {"gpu": "h200"},
+            "latency": {"backend": "roofline"},
+            "workload": {"num_requests": 320, "arrival": {"process": "poisson", "rate": 6.0},
+                         "prompt_tokens": {"dist": "fixed", "value": 4000},
+                         "output_tokens": {"dist": "fixed", "value": 200}},
+            "engine": {"max_model_len": 8192, "max_num_batched_tokens": 8192, "max_num_seqs": 64},
+            "policies": [{"name": "vllm-v1", "label": "chunked"}],
+            "replicas": {"router": "least-outstanding"},
+            "slo": {"ttft_s": 1.0, "tpot_s": 0.007, "percentile": 99}, "cost_per_gpu_hour": 2.0,
+            "disaggregation": {}}
+
+
 def req(id: str, prompt: int, seq: int = 0) -> Request:
     """A request arriving at ``seq`` seconds with a prompt of ``prompt`` tokens and no real max_tokens."""
     return Request(id, arrival_s=float(seq), prompt_tokens=prompt, max_tokens=10_000, seq=seq)

@@ -218,31 +218,12 @@ def test_vectorized_decodes_equal_step_by_step_pricing_for_mla():
 def test_mla_fields_without_a_latent_are_one_error():
     from sim.hardware.models import get_model
 
+    small = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 100}
     with pytest.raises(CbsimError, match="need kv_lora_rank > 0"):
-        get_model(
-            {
-                "num_layers": 2,
-                "hidden_size": 64,
-                "num_heads": 4,
-                "intermediate_size": 128,
-                "vocab_size": 100,
-                "qk_rope_head_dim": 64,
-            }
-        )
+        get_model({**small, "qk_rope_head_dim": 64})
     with pytest.raises(CbsimError, match="expert_quantization 'nf4' is not one of mxfp4, int4"):
-        get_model(
-            {
-                "num_layers": 2,
-                "hidden_size": 64,
-                "num_heads": 4,
-                "intermediate_size": 128,
-                "vocab_size": 100,
-                "num_experts": 4,
-                "num_experts_per_tok": 1,
-                "moe_intermediate_size": 32,
-                "expert_quantization": "nf4",
-            }
-        )
+        get_model({**small, "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+                   "expert_quantization": "nf4"})
 
 
 def test_every_config_left_out_says_why():

@@ -81,7 +81,7 @@ from collections import deque
 from typing import Any
 
 from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
-from policies.kv.paged import PagedKVManager
+from policies.kv.paged import PagedDecodeStretch, PagedKVManager
 
 TRTLLM_RELEASE = "1.2.1"
 CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
@@ -100,7 +100,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class TrtllmPolicy(Policy):
+class TrtllmPolicy(PagedDecodeStretch, Policy):
     name = "trtllm"
     summary = (
         f"TensorRT-LLM {TRTLLM_RELEASE} (PyTorch backend): active list of max_batch_size, capacity "
@@ -594,11 +594,3 @@ class TrtllmPolicy(Policy):
             if self._remaining_to_completion(first_pending) <= avail:
                 return None
         return gens, context
-
-    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
-        return self.kv.decode_stretch_limit(batch, k)
-
-    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
-        stored0 = self._stored_tokens
-        self._stored_tokens = stored0 + len(batch) * k
-        return self.kv.advance_decode_stretch(batch, k, stored0)

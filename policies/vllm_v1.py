@@ -56,13 +56,13 @@ from collections import deque
 from typing import Any
 
 from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
-from policies.kv.paged import PagedKVManager
+from policies.kv.paged import PagedDecodeStretch, PagedKVManager
 from policies.vllm_defaults import VLLM_RELEASE, vllm_limits
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
-class VllmV1Policy(Policy):
+class VllmV1Policy(PagedDecodeStretch, Policy):
     name = "vllm-v1"
     summary = (
         f"vLLM V1 ({VLLM_RELEASE}): token budget, running requests first, chunked prefill, "
@@ -553,14 +553,6 @@ class VllmV1Policy(Policy):
         if self.num_waiting and b < lim.max_num_seqs and b < lim.max_num_batched_tokens:
             return None
         return running, self._stored_tokens
-
-    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
-        return self.kv.decode_stretch_limit(batch, k)
-
-    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
-        stored0 = self._stored_tokens
-        self._stored_tokens = stored0 + len(batch) * k
-        return self.kv.advance_decode_stretch(batch, k, stored0)
 
 
 def _priority_key(r: Request) -> tuple[int, float]:

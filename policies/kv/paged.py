@@ -431,3 +431,21 @@ class PagedKVManager:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req, _keep_own=False)
         self._reqs.pop(req, None)
+
+
+class PagedDecodeStretch:
+    """The fast-forward hooks (``Policy.decode_stretch_limit``, ``Policy.advance_decodes``) of a
+    policy whose KV is one :class:`PagedKVManager` in ``self.kv`` and that counts its stored tokens
+    in ``self._stored_tokens`` (vLLM V1, TRT-LLM). Listed before ``Policy`` among the bases, so
+    these override its defaults."""
+
+    kv: PagedKVManager
+    _stored_tokens: int
+
+    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
+        return self.kv.decode_stretch_limit(batch, k)
+
+    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+        stored0 = self._stored_tokens
+        self._stored_tokens = stored0 + len(batch) * k
+        return self.kv.advance_decode_stretch(batch, k, stored0)

@@ -441,6 +441,9 @@ class DecodePricer:
         self.latency = latency
         self.custom = getattr(latency, "price_decodes", None)
         self.kind = "constant" if type(latency) is ConstantLatency else None
+        # a model's scalar price of one decode step (the roofline's: no StepShape, no loop over
+        # its operators), the same float as its price of that step
+        self.step_time = getattr(latency, "decode_step_time", None)
 
     @staticmethod
     def shape(b: int, context: int, j: int) -> StepShape:
@@ -449,6 +452,8 @@ class DecodePricer:
                          decode_ctx=d, kv_tokens_read=d)
 
     def first_step_time(self, b: int, context: int) -> float:
+        if self.step_time is not None:
+            return self.step_time(b, context + b)
         return self.latency.price(self.shape(b, context, 1), None)[0]
 
     def price(self, batch: list[Request], context: int, k: int):

@@ -219,6 +219,27 @@ def test_vectorized_decodes_equal_step_by_step_pricing():
             assert (secs[j - 1], flops[j - 1], bytes_[j - 1]) == pytest.approx((t, f, b), rel=1e-12)
 
 
+def test_scalar_decode_step_time_is_the_same_float_as_price():
+    # the fast-forward's bound on a stretch (DecodePricer.first_step_time) must be the step's own
+    # time to the last bit, on a dense model, an MoE model and tensor parallelism (communication)
+    for model, gpu in (("llama-3-8b", "h200"), ({"hf_config": str(CONFIGS / "mixtral-8x7b.json")}, "h200"),
+                       ("llama-3-8b", "h100-sxm")):
+        lat = roofline(model, gpu=gpu)
+        for b, ctx in ((1, 1), (3, 517), (16, 300), (200, 4097)):
+            plan = StepPlan(scheduled=list(range(b)), num_new_tokens=[1] * b, context=[ctx] * b)
+            shape = step_shape(plan)
+            t, f, by, _comm = lat.breakdown(shape, plan)  # the general sums, operator by operator
+            assert lat.price(shape, plan) == lat.decode_step(b, b * (ctx + 1)) == (t, f, by)
+            assert lat.decode_step_time(b, b * (ctx + 1)) == t
+            secs, flops, bytes_ = lat.price_decodes(b, b * ctx, 1)
+            assert (secs[0], flops[0], bytes_[0]) == (t, f, by)
+    tp = resolve(load_scenario({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm", "tensor_parallel": 4},
+                                "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})).latency()
+    plan = StepPlan(scheduled=list(range(7)), num_new_tokens=[1] * 7, context=[900] * 7)
+    shape = step_shape(plan)
+    assert tp._ar_fixed > 0 and tp.price(shape, plan) == tp.breakdown(shape, plan)[:3]
+
+
 def test_sliding_window_layers_read_at_most_their_window():
     lat = roofline({"hf_config": str(CONFIGS / "mistral-7b-v0.1.json")})
     full = roofline("mistral-7b")  # the same shapes without the window

@@ -237,6 +237,7 @@ def test_knobs_are_documented_and_validated():
         "enable_prefix_caching": True,  # on by default, as in vLLM V1
         "scheduler_reserve_full_isl": True,
         "enable_chunked_prefill": True,
+        "kv_offload": True,  # uses engine.kv_offloading_size's tiers when the engine has them
     }
     assert all(k.help for k in VllmV1Policy.KNOBS.values())
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):

@@ -132,15 +132,21 @@ class BlockPool:
             head = 0
         self._head = head
         self._num_back -= need
-        out += taken
         for b in out:
             ref[b] = 1
+        out += taken
         block_hash = self.block_hash
-        for b in taken:  # evict: each popped block loses its content
-            h = block_hash[b]
-            block_hash[b] = None
-            if h > 0:
-                self._unregister(b, h)
+        if self._cached:
+            for b in taken:  # evict: each popped block loses its content
+                ref[b] = 1
+                h = block_hash[b]
+                block_hash[b] = None
+                if h > 0:
+                    self._unregister(b, h)
+        else:  # nothing is registered: the back holds private tags only (the Azure replay's case)
+            for b in taken:
+                ref[b] = 1
+                block_hash[b] = None
         return out
 
     def touch(self, blocks: Iterable[int]) -> None:

@@ -24,7 +24,8 @@ request. A block whose content no other request holds (``Request.shareable_token
 same request, when it is recomputed after a preemption. Such blocks are not hashed or indexed
 while the request holds them; ``num_cached_blocks`` still counts them as registered, exactly when
 vLLM registers them. When the request frees them, each gets a *private tag* in the pool
-(``BlockPool.block_hash``: a negative number naming the request and the block's index), which is
+(``BlockPool.block_hash``: a negative number naming the request and the block's index, or
+``RELEASED_TAG`` once the request has finished and no lookup can name it again), which is
 all the free queue reads (a registered block goes to its back, where eviction finds it in LRU
 order), and a preempted request keeps, per block index, the blocks that held that content in the
 order they were registered (vLLM's registry order for that hash). A lookup of an own block takes
@@ -36,6 +37,7 @@ registry and, in decode stretches, the per-block registration calls.
 from __future__ import annotations
 
 import sys
+from itertools import accumulate
 
 from policies.base import Request, Status
 from policies.kv.block_pool import BlockPool
@@ -46,6 +48,7 @@ _ADMITTING = (Status.WAITING, Status.PREEMPTED)
 
 
 _ALL = sys.maxsize  # shareable blocks of a request that claims nothing
+RELEASED_TAG = -1  # the private tag of a finished request's own blocks (free, evictable, named by no one)
 
 
 class _ReqKV:
@@ -290,16 +293,18 @@ class PagedKVManager:
         """Give the request's registered own blocks their private tags before they are freed
         (a tagged block goes to the back of the free queue, as a hashed one does); when it may
         come back (``keep``), remember them per index in vLLM's registry order for that hash."""
-        if not st.tag:
-            self._tags += 1
-            st.tag = -(self._tags << 32)
-        tag, bh, blocks = st.tag, self.pool.block_hash, st.blocks
+        bh, blocks = self.pool.block_hash, st.blocks
         lo, hi = st.shared, st.num_cached_blocks
         if not keep:
-            for i in range(lo, hi):
-                bh[blocks[i]] = tag - i
+            # released: no lookup will ever name this request again, so its blocks need only be
+            # "hashed" for the free queue (not None) and in no registry (not positive)
+            for b in blocks[lo:hi]:
+                bh[b] = RELEASED_TAG
             return
-        own = st.own
+        if not st.tag:
+            self._tags += 1
+            st.tag = -(self._tags << 32)  # at most -2**32: never RELEASED_TAG
+        tag, own = st.tag, st.own
         if own is None:
             own = st.own = {}
         for i in range(lo, hi):
@@ -357,13 +362,11 @@ class PagedKVManager:
             r.num_computed_tokens += k
             r.num_output_tokens += k
         b, B = len(batch), self.block_size
-        used, reserved, stored = [], [], []
-        total = 0
-        for j, n in enumerate(allocated, 1):
-            total += n
-            used.append(used0 + total)
-            reserved.append(held0 + total * B)
-            stored.append(stored0 + b * j)
+        totals = list(accumulate(allocated))  # blocks allocated by the end of each step
+        used = [used0 + t for t in totals]
+        reserved = [held0 + t * B for t in totals]
+        # stored0 + b * j, j = 1..k
+        stored = list(range(stored0 + b, stored0 + b * k + 1, b)) if b else [stored0] * k
         return used, reserved, stored
 
     def advance_decodes(self, batch: list[Request], k: int) -> list[int]:
@@ -375,11 +378,11 @@ class PagedKVManager:
         B = self.block_size
         reqs = self._reqs
         caching = self.enable_caching
-        if caching and all(st.num_cached_blocks >= st.shared for st in map(reqs.__getitem__, batch)):
+        sts = [reqs[r] for r in batch]
+        if caching and all(st.num_cached_blocks >= st.shared for st in sts):
             # every block still to fill is its requests' own: registering one is a count, which
             # ends at the last step's context; only the allocations remain
-            for r in batch:
-                st = reqs[r]
+            for r, st in zip(batch, sts):
                 full = (r.num_computed_tokens + k) // B
                 if full > st.num_cached_blocks:
                     if self.tiers is not None:  # the same stores as step by step: own blocks only
@@ -388,7 +391,7 @@ class PagedKVManager:
             caching = False
         events: list[tuple[int, int]] = []
         for i, r in enumerate(batch):
-            st = reqs[r]
+            st = sts[i]
             c = r.num_computed_tokens
             # block m (m >= len(blocks)) is first written at position m * B: step m * B - c + 1
             for m in range(len(st.blocks), -(-(c + k) // B)):
@@ -412,7 +415,7 @@ class PagedKVManager:
             # all at once hands out (and evicts) the same blocks in the same order
             new = self.pool.get_new_blocks(len(events))
             for (j, i), block in zip(events, new):
-                reqs[batch[i]].blocks.append(block)
+                sts[i].blocks.append(block)
                 allocated[j - 1] += 1
             self._held_blocks += len(new)
             return allocated

@@ -107,11 +107,17 @@ class RooflineLatency(LatencyModel):
         moe_dp = model.is_moe and data_parallel > 1
         self._a2a_fixed = 2 * model.num_layers * lat if moe_dp else 0.0
         self._a2a_per_token = 2 * (data_parallel - 1) * row / link if moe_dp else 0.0
+        self._fixed_by_b: dict[int, tuple[float, float, float, float]] = {}
         if self._sliding:
-            self.price_decodes = None  # windowed reads need each sequence's context: price step by step
+            self.price_decodes = None
+            self.decode_step_time = None  # windowed reads need each sequence's context: price step by step
 
     # --- one step -----------------------------------------------------------------------------
     def price(self, shape, plan=None):
+        b = shape.num_tokens
+        if (b and b == shape.decode_tokens == shape.num_seqs and not shape.spec_tokens
+                and not shape.padding_tokens and shape.kv_tokens_read == shape.decode_ctx and not self._sliding):
+            return self.decode_step(b, shape.decode_ctx)  # a pure-decode step: the same sums, fewer of them
         t, flops, bytes_, _ = self.breakdown(shape, plan)
         return t, self.useful_flops(shape, flops), bytes_
 
@@ -224,11 +230,14 @@ class RooflineLatency(LatencyModel):
         return pairs, pf_bytes, (dec_bytes, factor)
 
     # --- many pure-decode steps at once (sim.engine.DecodePricer) -----------------------------
-    def price_decodes(self, b: int, context: int, k: int):
-        """Seconds, FLOPs and bytes of ``k`` consecutive decode steps of ``b`` sequences whose
-        contexts sum to ``context``: step ``j`` reads ``context + b·j`` keys. The same sums as
-        :meth:`breakdown`, with NumPy over the steps (only the attention terms vary)."""
-        cr, mr = self.compute_rate, self.memory_rate
+    def _decode_fixed(self, b: int) -> tuple[float, float, float, float]:
+        """(seconds, FLOPs, bytes, communication seconds) of a decode step of ``b`` sequences that
+        do not depend on the context, summed in :meth:`breakdown`'s order. Kept per batch size:
+        the fast-forward prices a stretch of the same few batch sizes tens of thousands of times."""
+        fixed = self._fixed_by_b.get(b)
+        if fixed is not None:
+            return fixed
+        mr = self.memory_rate
         fixed_t = fixed_f = fixed_b = 0.0
         for f, w, act, rate, _per_seq in self._linears:
             of, ob = f * b, w + act * b  # decode: one row per sequence for every linear
@@ -243,11 +252,35 @@ class RooflineLatency(LatencyModel):
         ew = self._elementwise_per_token * b
         fixed_t += ew / mr
         fixed_b += ew
+        comm = self._ar_fixed + self._ar_per_token * b + self._a2a_fixed + self._a2a_per_token * b
+        fixed = self._fixed_by_b[b] = (fixed_t, fixed_f, fixed_b, comm)
+        return fixed
+
+    def decode_step(self, b: int, context: int) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of one pure-decode step of ``b`` sequences reading ``context``
+        keys in all (their contexts plus their new tokens, a StepShape's ``decode_ctx``): the same
+        floats :meth:`breakdown` sums for that step, in its order, and the first step of
+        :meth:`price_decodes`."""
+        fixed_t, fixed_f, fixed_b, comm = self._decode_fixed(b)
+        d = float(context)
+        af = self._decode_pair_flops * d
+        ab = self._kv_layer * self.model.num_layers * d + self._kv_write_per_token * b
+        t = fixed_t + max(af / self.compute_rate, ab / self.memory_rate)
+        return t + comm + self.overhead_s, fixed_f + af, fixed_b + ab
+
+    def decode_step_time(self, b: int, context: int) -> float:
+        """The seconds of :meth:`decode_step` (the fast-forward's cheap bound on a stretch)."""
+        return self.decode_step(b, context)[0]
+
+    def price_decodes(self, b: int, context: int, k: int):
+        """Seconds, FLOPs and bytes of ``k`` consecutive decode steps of ``b`` sequences whose
+        contexts sum to ``context``: step ``j`` reads ``context + b·j`` keys. The same sums as
+        :meth:`breakdown`, with NumPy over the steps (only the attention terms vary)."""
+        fixed_t, fixed_f, fixed_b, comm = self._decode_fixed(b)
         d = context + b * np.arange(1, k + 1, dtype=np.float64)
         af = self._decode_pair_flops * d
         ab = self._kv_layer * self.model.num_layers * d + self._kv_write_per_token * b
-        comm = self._ar_fixed + self._ar_per_token * b + self._a2a_fixed + self._a2a_per_token * b
-        seconds = fixed_t + np.maximum(af / cr, ab / mr) + comm + self.overhead_s
+        seconds = fixed_t + np.maximum(af / self.compute_rate, ab / self.memory_rate) + comm + self.overhead_s
         return seconds, fixed_f + af, fixed_b + ab
 
 

@@ -81,7 +81,7 @@ from collections import deque
 from typing import Any
 
 from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
-from policies.kv.paged import PagedKVManager
+from policies.kv.paged import PagedDecodeStretch, PagedKVManager
 
 TRTLLM_RELEASE = "1.2.1"
 CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
@@ -100,7 +100,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class TrtllmPolicy(Policy):
+class TrtllmPolicy(PagedDecodeStretch, Policy):
     name = "trtllm"
     summary = (
         f"TensorRT-LLM {TRTLLM_RELEASE} (PyTorch backend): active list of max_batch_size, capacity "
@@ -594,25 +594,3 @@ class TrtllmPolicy(Policy):
             if self._remaining_to_completion(first_pending) <= avail:
                 return None
         return gens, context
-
-    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
-        return self.kv.decode_stretch_limit(batch, k)
-
-    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
-        kv = self.kv
-        used0, held0, stored0 = kv.num_used_blocks, kv.held_token_slots, self._stored_tokens
-        allocated = kv.advance_decodes(batch, k)
-        for r in batch:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
-        b = len(batch)
-        self._stored_tokens = stored0 + b * k
-        B = self.B
-        used, reserved, stored = [], [], []
-        total = 0
-        for j, n in enumerate(allocated, 1):
-            total += n
-            used.append(used0 + total)
-            reserved.append(held0 + total * B)
-            stored.append(stored0 + b * j)
-        return used, reserved, stored

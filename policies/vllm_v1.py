@@ -53,17 +53,16 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from itertools import accumulate
 from typing import Any
 
 from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
-from policies.kv.paged import PagedKVManager
+from policies.kv.paged import PagedDecodeStretch, PagedKVManager
 from policies.vllm_defaults import VLLM_RELEASE, vllm_limits
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
-class VllmV1Policy(Policy):
+class VllmV1Policy(PagedDecodeStretch, Policy):
     name = "vllm-v1"
     summary = (
         f"vLLM V1 ({VLLM_RELEASE}): token budget, running requests first, chunked prefill, "
@@ -554,26 +553,6 @@ class VllmV1Policy(Policy):
         if self.num_waiting and b < lim.max_num_seqs and b < lim.max_num_batched_tokens:
             return None
         return running, self._stored_tokens
-
-    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
-        return self.kv.decode_stretch_limit(batch, k)
-
-    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
-        kv = self.kv
-        used0, held0, stored0 = kv.num_used_blocks, kv.held_token_slots, self._stored_tokens
-        allocated = kv.advance_decodes(batch, k)
-        for r in batch:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
-        b = len(batch)
-        self._stored_tokens = stored0 + b * k
-        B = self.limits.block_size
-        totals = list(accumulate(allocated))  # blocks allocated by the end of each step
-        used = [used0 + t for t in totals]
-        reserved = [held0 + t * B for t in totals]
-        # stored0 + b * j, j = 1..k
-        stored = list(range(stored0 + b, stored0 + b * k + 1, b)) if b else [stored0] * k
-        return used, reserved, stored
 
 
 def _priority_key(r: Request) -> tuple[int, float]:

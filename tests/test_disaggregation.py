@@ -18,6 +18,7 @@ from sim.runner import policy_knobs, run
 from sim.scenario.schema import load_scenario
 from sim.workload.synthetic import build_workload
 from tests.conftest import REPO
+from tests.helpers import long_prompt_disagg_scenario
 
 STEP = 0.25  # constant step time: sums of it are exact in floating point
 BLOCK = 16
@@ -207,16 +208,7 @@ def test_planner_finds_a_disaggregated_layout_where_chunked_prefill_misses_the_t
     near it; it keeps the saturation bursts, 4 × the slots, small)."""
     from sim.planning.disagg_plan import plan_disaggregated
 
-    scn = {"name": "long-prompts", "seed": 1, "model": "llama-3-8b", "hardware": {"gpu": "h200"},
-           "latency": {"backend": "roofline"},
-           "workload": {"num_requests": 320, "arrival": {"process": "poisson", "rate": 6.0},
-                        "prompt_tokens": {"dist": "fixed", "value": 4000},
-                        "output_tokens": {"dist": "fixed", "value": 200}},
-           "engine": {"max_model_len": 8192, "max_num_batched_tokens": 8192, "max_num_seqs": 64},
-           "policies": [{"name": "vllm-v1", "label": "chunked"}],
-           "replicas": {"router": "least-outstanding"},
-           "slo": {"ttft_s": 1.0, "tpot_s": 0.007, "percentile": 99}, "cost_per_gpu_hour": 2.0,
-           "disaggregation": {}}
+    scn = long_prompt_disagg_scenario()
     plan = plan_disaggregated(scn, 6.0, max_instances=4)
     best = plan.best
     assert best is not None and best.met and plan.stable

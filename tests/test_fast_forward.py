@@ -147,15 +147,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_vllm_v1_fast_forward_is_exact(case):
-    make_specs, limits, kw = CASES[case]
+def run_with_and_without_fast_forward(case):
+    """Simulate a case (specs maker, limits, simulate kwargs) with and without fast-forward on vLLM V1,
+    check that it fast-forwarded and that both runs agree exactly; returns (on, off, specs, kwargs)."""
+    make_specs, limits, kw = case
     specs = make_specs()
     on = simulate("vllm-v1", specs, limits, fast_forward=True, **kw)
     off = simulate("vllm-v1", specs, limits, fast_forward=False, **kw)
     assert on[3] > 0, "the workload never fast-forwarded: the comparison would prove nothing"
-    assert off[3] == 0
     assert_same_run(on, off)
+    return on, off, specs, kw
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_vllm_v1_fast_forward_is_exact(case):
+    on, off, _, _ = run_with_and_without_fast_forward(CASES[case])
+    assert off[3] == 0
     assert len(on[1]) > on[3]  # some steps were still taken one by one
 
 
@@ -195,12 +202,7 @@ CLOSED_CASES = {
 
 @pytest.mark.parametrize("case", sorted(CLOSED_CASES))
 def test_closed_loop_fast_forward_is_exact(case):
-    make_specs, limits, kw = CLOSED_CASES[case]
-    specs = make_specs()
-    on = simulate("vllm-v1", specs, limits, fast_forward=True, **kw)
-    off = simulate("vllm-v1", specs, limits, fast_forward=False, **kw)
-    assert on[3] > 0, "the workload never fast-forwarded: the comparison would prove nothing"
-    assert_same_run(on, off)
+    on, _, specs, kw = run_with_and_without_fast_forward(CLOSED_CASES[case])
     assert on[0]["client"].max() == min(kw["clients"].concurrency, len(specs)) - 1
 
 

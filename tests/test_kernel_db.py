@@ -8,30 +8,20 @@ all-reduce, and a decode of one sequence landing just above the weight-read boun
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from sim.errors import CbsimError
+from tests.helpers import require_aic
 
 ENGINE_VERSION = "0.24.0"  # vLLM version of the h100_sxm kernel measurements in aiconfigurator-core 0.12.0
 LAYERS = 32  # Llama-3-8B
 
 
-def _require_aic():
-    try:
-        import aiconfigurator_core  # noqa: F401
-    except ImportError:
-        msg = "aiconfigurator-core is not installed: pip install -e '.[gpu-data]'"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def kdb():
-    _require_aic()
+    require_aic()
     from calib.sources import kernel_db
 
     return kernel_db

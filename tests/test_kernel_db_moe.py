@@ -5,26 +5,16 @@ item 6, sim/latency/table.py check_compatible)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from sim.errors import CbsimError
 from sim.scenario.resolved import resolve
 from sim.scenario.schema import load_scenario
+from tests.helpers import require_aic
 
 DSV3 = "deepseek-ai/DeepSeek-V3"
 SGLANG = "0.5.14"  # the h200_sxm SGLang measurements in aiconfigurator-core 0.12.0
-
-
-def _require_aic():
-    try:
-        import aiconfigurator_core  # noqa: F401
-    except ImportError:
-        msg = "aiconfigurator-core is not installed: pip install -e '.[gpu-data]'"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
 
 
 def _grids():
@@ -51,7 +41,7 @@ def _db(layout):
 
 @pytest.fixture(scope="module")
 def dp8():
-    _require_aic()
+    require_aic()
     from calib.sources.kernel_db import compose
     from calib.sources.kernel_db_moe import Layout
 
@@ -166,7 +156,7 @@ def test_bad_parallel_metadata_is_one_error(dp8, tmp_path):
 
 
 def test_cli_composes_a_wide_ep_table_and_says_its_layout(tmp_path):
-    _require_aic()
+    require_aic()
     from typer.testing import CliRunner
 
     from sim.cli.main import app
@@ -212,7 +202,7 @@ def test_cli_composes_a_wide_ep_table_and_says_its_layout(tmp_path):
 
 
 def test_layouts_a_model_cannot_have_are_one_error():
-    _require_aic()
+    require_aic()
     from calib.sources.kernel_db import resolve_model
     from calib.sources.kernel_db_moe import Layout, MoeKernelDb
 

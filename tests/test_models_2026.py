@@ -218,31 +218,12 @@ def test_vectorized_decodes_equal_step_by_step_pricing_for_mla():
 def test_mla_fields_without_a_latent_are_one_error():
     from sim.hardware.models import get_model
 
+    small = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 100}
     with pytest.raises(CbsimError, match="need kv_lora_rank > 0"):
-        get_model(
-            {
-                "num_layers": 2,
-                "hidden_size": 64,
-                "num_heads": 4,
-                "intermediate_size": 128,
-                "vocab_size": 100,
-                "qk_rope_head_dim": 64,
-            }
-        )
+        get_model({**small, "qk_rope_head_dim": 64})
     with pytest.raises(CbsimError, match="expert_quantization 'nf4' is not one of mxfp4, int4"):
-        get_model(
-            {
-                "num_layers": 2,
-                "hidden_size": 64,
-                "num_heads": 4,
-                "intermediate_size": 128,
-                "vocab_size": 100,
-                "num_experts": 4,
-                "num_experts_per_tok": 1,
-                "moe_intermediate_size": 32,
-                "expert_quantization": "nf4",
-            }
-        )
+        get_model({**small, "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+                   "expert_quantization": "nf4"})
 
 
 def test_every_config_left_out_says_why():
@@ -292,17 +273,16 @@ def test_dp_without_ep_splits_each_expert_over_tp_times_dp_gpus():
 
 
 def test_an_inline_mla_moe_spec_in_a_scenario():
+    from sim.errors import ScenarioError
     from sim.hardware.models import get_model
     from sim.scenario.schema import load_scenario
 
+    dense = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "intermediate_size": 1024, "vocab_size": 1000}
+    workload = {"num_requests": 1, "arrival": {"rate": 1.0}}
     scn = load_scenario(
         {
             "model": {
-                "num_layers": 4,
-                "hidden_size": 512,
-                "num_heads": 8,
-                "intermediate_size": 1024,
-                "vocab_size": 1000,
+                **dense,
                 "kv_lora_rank": 64,
                 "qk_rope_head_dim": 16,
                 "qk_nope_head_dim": 32,
@@ -314,27 +294,13 @@ def test_an_inline_mla_moe_spec_in_a_scenario():
                 "expert_quantization": "mxfp4",
                 "context_length": 8192,  # what engine.max_model_len defaults to
             },
-            "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
+            "workload": workload,
         }
     )
     m = get_model(scn.model)
     assert m.kv_layer_bytes_per_token() == (64 + 16) * 2 and m.moe_layers == 3
-    from sim.errors import ScenarioError
-
     with pytest.raises(ScenarioError, match="model: .*need kv_lora_rank > 0"):
-        load_scenario(
-            {
-                "model": {
-                    "num_layers": 4,
-                    "hidden_size": 512,
-                    "num_heads": 8,
-                    "intermediate_size": 1024,
-                    "vocab_size": 1000,
-                    "v_head_dim": 32,
-                },
-                "workload": {"num_requests": 1, "arrival": {"rate": 1.0}},
-            }
-        )
+        load_scenario({"model": {**dense, "v_head_dim": 32}, "workload": workload})
 
 
 def test_the_shipped_copies_resolve_without_aiconfigurator_or_a_cache(tmp_path, monkeypatch):

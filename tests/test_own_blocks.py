@@ -149,15 +149,12 @@ def test_trtllm_block_reuse_decides_the_same(knobs, monkeypatch):
     assert_same_run(fast, full)
 
 
-def test_speculative_decoding_decides_the_same(monkeypatch):
-    """Drafts take KV slots past the request's tokens and rejected ones step num_computed_tokens
-    back; registration counts only verified tokens either way."""
+def assert_scenario_decides_the_same(data: dict, monkeypatch) -> None:
+    """Run a whole scenario (sim.run) with each request's own blocks known, then with that knowledge
+    withheld (every block hashed, as vLLM does), and require the same steps, requests and summaries
+    to the bit."""
     import sim
-    from tests.test_speculative import _scenario
 
-    data = _scenario({"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"rate": 0.6}})
-    data["workload"] = {**data["workload"], "num_requests": 40}
-    data["engine"] = {**data.get("engine", {}), "num_gpu_blocks": 64}
     fast = sim.run(data)
     monkeypatch.setattr(engine, "shareable_tokens", withheld)
     full = sim.run(data)
@@ -165,23 +162,27 @@ def test_speculative_decoding_decides_the_same(monkeypatch):
     pd.testing.assert_frame_equal(fast.requests.drop(columns="token_times_s"),
                                   full.requests.drop(columns="token_times_s"), check_exact=True)
     assert fast.summaries == full.summaries
+
+
+def test_speculative_decoding_decides_the_same(monkeypatch):
+    """Drafts take KV slots past the request's tokens and rejected ones step num_computed_tokens
+    back; registration counts only verified tokens either way."""
+    from tests.test_speculative import _scenario
+
+    data = _scenario({"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"rate": 0.6}})
+    data["workload"] = {**data["workload"], "num_requests": 40}
+    data["engine"] = {**data.get("engine", {}), "num_gpu_blocks": 64}
+    assert_scenario_decides_the_same(data, monkeypatch)
 
 
 @pytest.mark.parametrize("policy", ["vllm-v1", "sglang"])
 def test_multi_turn_sessions_decide_the_same(policy, monkeypatch):
     """A session's next turn resends the previous turns' prompts and answers (their run keys):
     those are shared with the next turn, only the last turn's answer is its own."""
-    import sim
     from tests.test_sessions import scenario
 
     data = scenario(count=12, turns=4, think=0.5, new=60, answer=40, system=64, groups=2,
                     arrival={"process": "poisson", "rate": 4.0})
     data["engine"] = {**data["engine"], "num_gpu_blocks": 90}  # small: preemptions and evictions
     data["policies"] = [{"name": policy}]
-    fast = sim.run(data)
-    monkeypatch.setattr(engine, "shareable_tokens", withheld)
-    full = sim.run(data)
-    pd.testing.assert_frame_equal(fast.steps, full.steps, check_exact=True)
-    pd.testing.assert_frame_equal(fast.requests.drop(columns="token_times_s"),
-                                  full.requests.drop(columns="token_times_s"), check_exact=True)
-    assert fast.summaries == full.summaries
+    assert_scenario_decides_the_same(data, monkeypatch)

@@ -5,17 +5,9 @@ and the progress reporter hears every run, named by its point and probe size."""
 from __future__ import annotations
 
 from sim.planning.progress import Reporter, point, probe, reporting
+from tests.helpers import long_prompt_disagg_scenario
 
-SCENARIO = {"name": "long-prompts", "seed": 1, "model": "llama-3-8b", "hardware": {"gpu": "h200"},
-            "latency": {"backend": "roofline"},
-            "workload": {"num_requests": 320, "arrival": {"process": "poisson", "rate": 6.0},
-                         "prompt_tokens": {"dist": "fixed", "value": 4000},
-                         "output_tokens": {"dist": "fixed", "value": 200}},
-            "engine": {"max_model_len": 8192, "max_num_batched_tokens": 8192, "max_num_seqs": 64},
-            "policies": [{"name": "vllm-v1", "label": "chunked"}],
-            "replicas": {"router": "least-outstanding"},
-            "slo": {"ttft_s": 1.0, "tpot_s": 0.007, "percentile": 99}, "cost_per_gpu_hour": 2.0,
-            "disaggregation": {}}
+SCENARIO = long_prompt_disagg_scenario()
 
 
 class Recorder(Reporter):

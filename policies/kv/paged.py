@@ -37,6 +37,7 @@ registry and, in decode stretches, the per-block registration calls.
 from __future__ import annotations
 
 import sys
+from itertools import accumulate
 
 from policies.base import Request, Status
 from policies.kv.block_pool import BlockPool
@@ -349,6 +350,25 @@ class PagedKVManager:
                 hi = mid - 1
         return lo
 
+    def advance_decode_stretch(self, batch: list[Request], k: int,
+                               stored0: int) -> tuple[list[int], list[int], list[int]]:
+        """``Policy.advance_decodes`` for a policy whose KV is this manager (vLLM V1, TRT-LLM):
+        the block work of ``k`` pure-decode steps, then each request's counters up by ``k``.
+        Returns per step the blocks used, the token slots held, and the stored tokens counted
+        from ``stored0`` (the policy's own count before the stretch; each step adds one a request)."""
+        used0, held0 = self.num_used_blocks, self.held_token_slots
+        allocated = self.advance_decodes(batch, k)
+        for r in batch:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+        b, B = len(batch), self.block_size
+        totals = list(accumulate(allocated))  # blocks allocated by the end of each step
+        used = [used0 + t for t in totals]
+        reserved = [held0 + t * B for t in totals]
+        # stored0 + b * j, j = 1..k
+        stored = list(range(stored0 + b, stored0 + b * k + 1, b)) if b else [stored0] * k
+        return used, reserved, stored
+
     def advance_decodes(self, batch: list[Request], k: int) -> list[int]:
         """Do the block work of ``k`` pure-decode steps (the caller then advances the requests'
         counters by ``k``): every step at which a request would allocate a block or register a
@@ -414,3 +434,21 @@ class PagedKVManager:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req, _keep_own=False)
         self._reqs.pop(req, None)
+
+
+class PagedDecodeStretch:
+    """The fast-forward hooks (``Policy.decode_stretch_limit``, ``Policy.advance_decodes``) of a
+    policy whose KV is one :class:`PagedKVManager` in ``self.kv`` and that counts its stored tokens
+    in ``self._stored_tokens`` (vLLM V1, TRT-LLM). Listed before ``Policy`` among the bases, so
+    these override its defaults."""
+
+    kv: PagedKVManager
+    _stored_tokens: int
+
+    def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
+        return self.kv.decode_stretch_limit(batch, k)
+
+    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+        stored0 = self._stored_tokens
+        self._stored_tokens = stored0 + len(batch) * k
+        return self.kv.advance_decode_stretch(batch, k, stored0)

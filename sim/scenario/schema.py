@@ -326,6 +326,33 @@ class Engine(BaseModel):
 # ------------------------------------------------------------------------------------------------
 # workload
 # ------------------------------------------------------------------------------------------------
+def _check_dist_params(dist, params: dict[str, tuple[str, ...]]):
+    """Check a {dist, value, min, max, mean, p99} section against its table of each dist's parameters.
+
+    Shared by TimeDist (seconds) and LengthDist (tokens), whose keys and rules are the same: each dist
+    takes exactly its own parameters, uniform wants min <= max, lognormal a p99 above the mean.
+    """
+    needed = params[dist.dist]
+    for key in ("value", "min", "max", "mean", "p99"):
+        given = getattr(dist, key) is not None
+        if key in needed and not given:
+            raise KeyedError(key, f"required for dist {dist.dist!r}")
+        if key not in needed and given:
+            use = [d for d, ps in params.items() if key in ps][0]
+            raise KeyedError(key, f"not used by dist {dist.dist!r} (it belongs to dist {use!r}); "
+                                  f"dist {dist.dist!r} takes {', '.join(needed) or 'nothing'}")
+    if dist.dist == "uniform" and dist.min > dist.max:
+        raise KeyedError("min", f"must be <= max ({dist.max}), got {dist.min}")
+    if dist.dist == "lognormal":
+        from sim.workload.distributions import lognormal_params
+
+        try:
+            lognormal_params(dist.mean, dist.p99)
+        except CbsimError as exc:
+            raise KeyedError("p99", str(exc)) from None
+    return dist
+
+
 class TimeDist(BaseModel):
     """A distribution of seconds (a client's think time)."""
 
@@ -341,24 +368,7 @@ class TimeDist(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TimeDist:
-        needed = _TIME_PARAMS[self.dist]
-        for key in ("value", "min", "max", "mean", "p99"):
-            given = getattr(self, key) is not None
-            if key in needed and not given:
-                raise KeyedError(key, f"required for dist {self.dist!r}")
-            if key not in needed and given:
-                raise KeyedError(key, f"not used by dist {self.dist!r}; dist {self.dist!r} takes "
-                                      f"{', '.join(needed)}")
-        if self.dist == "uniform" and self.min > self.max:
-            raise KeyedError("min", f"must be <= max ({self.max}), got {self.min}")
-        if self.dist == "lognormal":
-            from sim.workload.distributions import lognormal_params
-
-            try:
-                lognormal_params(self.mean, self.p99)
-            except CbsimError as exc:
-                raise KeyedError("p99", str(exc)) from None
-        return self
+        return _check_dist_params(self, _TIME_PARAMS)
 
 
 _TIME_PARAMS = {"fixed": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
@@ -438,25 +448,7 @@ class LengthDist(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> LengthDist:
-        needed = _DIST_PARAMS[self.dist]
-        for key in ("value", "min", "max", "mean", "p99"):
-            given = getattr(self, key) is not None
-            if key in needed and not given:
-                raise KeyedError(key, f"required for dist {self.dist!r}")
-            if key not in needed and given:
-                use = [d for d, ps in _DIST_PARAMS.items() if key in ps][0]
-                raise KeyedError(key, f"not used by dist {self.dist!r} (it belongs to dist {use!r}); "
-                                      f"dist {self.dist!r} takes {', '.join(needed) or 'nothing'}")
-        if self.dist == "uniform" and self.min > self.max:
-            raise KeyedError("min", f"must be <= max ({self.max}), got {self.min}")
-        if self.dist == "lognormal":
-            from sim.workload.distributions import lognormal_params
-
-            try:
-                lognormal_params(self.mean, self.p99)
-            except CbsimError as exc:
-                raise KeyedError("p99", str(exc)) from None
-        return self
+        return _check_dist_params(self, _DIST_PARAMS)
 
 
 class TraceSource(BaseModel):

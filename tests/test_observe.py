@@ -174,7 +174,7 @@ def test_no_server_at_the_address_is_one_clear_line(capsys, tmp_path, scenario):
 @pytest.mark.parametrize("args, expected", [
     (["--url", "127.0.0.1:8000"], "--url: expected an http:// or https:// address"),
     (["--url", "http://127.0.0.1:9", "--api", "grpc"], "--api: expected one of completions, chat"),
-    (["--url", "http://127.0.0.1:9", "--read-timeout", "0"], "--read-timeout: must be > 0 seconds"),
+    (["--url", "http://127.0.0.1:9", "--read-timeout", "0"], "--read-timeout: 0 is too small: give above 0"),
 ])
 def test_bad_options(capsys, tmp_path, scenario, args, expected):
     code, _, err = run_cli(capsys, "observe", scenario, *args, "--out", tmp_path / "r.json", "-q")

@@ -272,7 +272,7 @@ def run_cmd(
             saturated = story.measure(result.scenario)
         story.attach(result, saturated)  # summary.json's `saturated` blocks: the capacity plot reads them
         for line in story.story(result, saturated):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=True)  # piped: never cut a number in two
     result.save(target, plots=not no_plots)
     if json_:
         print_json({"scenario": result.scenario.name, "results": str(target),

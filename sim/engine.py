@@ -145,10 +145,7 @@ class Replica:
 
     def loop(self):
         env, policy, records = self.env, self.policy, self.records
-        latency, steps = self.latency, self.steps
-        append_step = steps.append
         fast_forward = self.fast_forward
-        recompute = RecomputeTracker()
         while True:
             if not policy.has_work():
                 if self.arrivals_done:
@@ -183,37 +180,11 @@ class Replica:
                 yield self.wake
                 continue
             start = env.now
-            for req in plan.admitted:
-                records[req.id].mark_admitted(start)
-            if plan.prefix_hit_tokens:  # prefix-cache hits (any tier) of the requests admitted
-                for rid, n in plan.prefix_hit_tokens.items():
-                    records[rid].prefix_hit_tokens += n
-            shape = fast_step_shape(plan)
-            if plan.spec_tokens is not None:
-                shape.spec_tokens = sum(plan.spec_tokens)
-            dt, flops, bytes_ = latency.price(shape, plan)
-            recomputed = 0
-            if shape.prefill_tokens or plan.preempted:  # only prefill chunks can recompute
-                recomputed, pairs = recompute.observe(plan)
-                if recomputed:  # time spent, not useful work: MFU leaves it out
-                    flops -= latency.recompute_flops(recomputed, pairs)
-            swap_s = 0.0
-            if plan.swap_out_blocks or plan.swap_in_blocks:
-                swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
-                dt += swap_s
-            if plan.kv_loads:  # KV loaded from a tier below the GPU (policies.kv.tiers)
-                dt = kv_load_step(plan, records, dt)
+            item = self._price_plan(plan, start)
+            dt = item[0]
             self.busy_until = start + dt  # where SimPy puts the timeout: now + delay
             yield env.timeout(dt)
-            now = env.now
-            if plan.spec_tokens is not None:
-                self._verified_step(plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed)
-                continue
-            finished = emit_step_tokens(plan.scheduled, records, len(steps), now)
-            policy.finish_step(plan, finished)
-            for req in finished:
-                self._end(records[req.id], "finished")
-            append_step(now, start, dt, policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed)
+            self.finish_planned(item, start, env.now, dt)
 
     def _verified_step(self, plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed) -> None:
         """The end of a speculative step: draws, rejected drafts back to the policy, the accepted
@@ -247,28 +218,33 @@ class Replica:
                 for req in policy.drain():
                     self._end(records[req.id], "unfinished", "stuck: the policy cannot schedule it")
             return None, False
+        return self._price_plan(plan, start), False
+
+    def _price_plan(self, plan: StepPlan, start: float):
+        """A scheduled step's records at its start and its price: (dt, plan, shape, flops, bytes,
+        swap seconds, recomputed tokens), what :meth:`finish_planned` takes at its end."""
+        records, latency = self.records, self.latency
         for req in plan.admitted:
             records[req.id].mark_admitted(start)
-        if plan.prefix_hit_tokens:
+        if plan.prefix_hit_tokens:  # prefix-cache hits (any tier) of the requests admitted
             for rid, n in plan.prefix_hit_tokens.items():
                 records[rid].prefix_hit_tokens += n
         shape = fast_step_shape(plan)
         if plan.spec_tokens is not None:
             shape.spec_tokens = sum(plan.spec_tokens)
-        latency = self.latency
         dt, flops, bytes_ = latency.price(shape, plan)
         recomputed = 0
-        if shape.prefill_tokens or plan.preempted:
+        if shape.prefill_tokens or plan.preempted:  # only prefill chunks can recompute
             recomputed, pairs = self.recompute.observe(plan)
-            if recomputed:
+            if recomputed:  # time spent, not useful work: MFU leaves it out
                 flops -= latency.recompute_flops(recomputed, pairs)
         swap_s = 0.0
         if plan.swap_out_blocks or plan.swap_in_blocks:
             swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
             dt += swap_s
-        if plan.kv_loads:
+        if plan.kv_loads:  # KV loaded from a tier below the GPU (policies.kv.tiers)
             dt = kv_load_step(plan, records, dt)
-        return (dt, plan, shape, flops, bytes_, swap_s, recomputed), False
+        return dt, plan, shape, flops, bytes_, swap_s, recomputed
 
     def finish_planned(self, item, start: float, now: float, dt: float) -> None:
         """The second half: the step ended at ``now`` after the group's ``dt``."""

@@ -201,11 +201,9 @@ def scheduled_tokens(plan) -> dict[str, int]:
     return {r.id: n for r, n in zip(plan.scheduled, plan.num_new_tokens)}
 
 
-@contextmanager
 def require_aic():
     """Skip a test that reads AIConfigurator's kernel database when aiconfigurator-core is not
     installed; on CI (CI=true) fail instead, so the check cannot silently stop running there."""
-
     try:
         import aiconfigurator_core  # noqa: F401
     except ImportError:
@@ -215,6 +213,7 @@ def require_aic():
         pytest.skip(msg)
 
 
+@contextmanager
 def wall_clock_limit(seconds: float):
     """Raise TimeoutError if the block runs longer than ``seconds`` (SIGALRM; main thread)."""
     def on_alarm(signum, frame):

@@ -136,6 +136,11 @@ class StepPlan:
     # offloading) instead of adding to it (LMCache's synchronous load)
     kv_loads: dict[str, tuple[int, float]] | None = None
     kv_load_async: bool = False
+    # SGLang's HiCache (policies.kv.hiradix): the loads run layer by layer beside the forward pass
+    # of this many layers (0: not layer-wise); ``kv_store_s``: seconds of GPU-to-host copies the
+    # step waits for (HiCache's write_back eviction)
+    kv_load_layers: int = 0
+    kv_store_s: float = 0.0
 
     def add(self, req: Request, n: int, context: int) -> None:
         self.scheduled.append(req)
@@ -148,7 +153,8 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.swap_out_blocks and not self.swap_in_blocks and not self.kv_loads
+        return (not self.scheduled and not self.swap_out_blocks and not self.swap_in_blocks and not self.kv_loads
+                and not self.kv_store_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +190,7 @@ class EngineLimits:
     max_model_len: int = 8192
     device: Device | None = None
     kv_offload: object | None = None  # policies.kv.tiers.OffloadConfig: KV tiers below the GPU
+    kv_host_link: object | None = None  # policies.kv.hiradix.HostLink: GPU <-> host copies (SGLang's HiCache)
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ import random
 from typing import Any
 
 from policies.base import EngineLimits, Knob, Policy, Request, Status, StepPlan
+from policies.kv.hiradix import HiRadixCache, host_pool_tokens
 from policies.kv.radix import HeldSlotsView, RadixCache, RadixNode, request_tokens
 from policies.sglang_queue import SCHEDULE_POLICIES, order_waiting_queue
 
@@ -98,7 +99,7 @@ class _ReqKV:
     """A request's share of the pool: ``cached`` tokens of locked tree prefix (up to ``node``)
     and ``alloc`` token slots in all (``alloc - cached`` of them private)."""
 
-    __slots__ = ("node", "cached", "alloc", "match", "match_node")
+    __slots__ = ("node", "cached", "alloc", "match", "match_node", "host", "host_node")
 
     def __init__(self, root: RadixNode) -> None:
         self.node = root
@@ -106,6 +107,8 @@ class _ReqKV:
         self.alloc = 0
         self.match = 0  # the last radix match while waiting (init_next_round_input)
         self.match_node = root
+        self.host = 0  # HiCache: tokens of host-only nodes after the GPU match (host_hit_length)
+        self.host_node = root  # and the last of them (last_host_node)
 
 
 class SglangPolicy(Policy):
@@ -142,6 +145,15 @@ class SglangPolicy(Policy):
         "disable_radix_cache": Knob(False, "no prefix cache (SGLang's ChunkCache); cache-aware "
                                            "orders fall back to fcfs", bool),
         "page_size": Knob(1, "tokens per KV page; prefixes are matched and cached in whole pages", int),
+        "enable_hierarchical_cache": Knob(False, "HiCache: radix nodes evicted from the GPU keep a copy in "
+                                                 "host memory and are loaded back, layer by layer with the "
+                                                 "forward pass (policies/kv/hiradix.py)", bool),
+        "hicache_ratio": Knob(2.0, "host pool = this × the GPU pool's tokens (used when hicache_size is 0); "
+                                   "must give more than the GPU pool", float),
+        "hicache_size": Knob(0.0, "GB (1e9 bytes) of host memory per TP rank for HiCache; 0: hicache_ratio", float),
+        "hicache_write_policy": Knob("write_through", "write_through (to host on insertion), "
+                                                      "write_through_selective (on the second hit) or "
+                                                      "write_back (on eviction from the GPU, the step waits)", str),
         "init_new_token_ratio": Knob(0.7, "SGLANG_INIT_NEW_TOKEN_RATIO", float),
         "min_new_token_ratio_factor": Knob(0.14, "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR: floor = "
                                                  "initial ratio × this", float),
@@ -196,8 +208,13 @@ class SglangPolicy(Policy):
         self.min_ratio = self.init_ratio * float(k["min_new_token_ratio_factor"])
         self.ratio_decay = (self.init_ratio - self.min_ratio) / int(k["new_token_ratio_decay_steps"])
         self.new_token_ratio = self.init_ratio
-        self.cache = RadixCache(limits.num_gpu_blocks * limits.block_size, self.page,
-                                enabled=not k["disable_radix_cache"])
+        self.host_link = None
+        if k["enable_hierarchical_cache"]:
+            self.cache = self._hicache(limits, k)
+        else:
+            self.cache = RadixCache(limits.num_gpu_blocks * limits.block_size, self.page,
+                                    enabled=not k["disable_radix_cache"])
+        self._loads: dict[str, int] = {}  # host tokens loaded back per request admitted this step
         # cache-aware orders become fcfs without a tree (_validate_and_adjust_policy)
         self.schedule_policy = k["schedule_policy"]
         if not self.cache.enabled and self.schedule_policy in ("lpm", "dfs-weight"):
@@ -216,6 +233,27 @@ class SglangPolicy(Policy):
         self.num_retractions = 0
         self.admission_hits: dict[str, int] = {}  # radix hits of this step's admissions
         self.blocks = HeldSlotsView(self)
+
+    def _hicache(self, limits: EngineLimits, k: dict) -> HiRadixCache:
+        """SGLang's HiRadixCache (``--enable-hierarchical-cache``) over the GPU pool."""
+        if k["disable_radix_cache"]:
+            raise ValueError("sglang enable_hierarchical_cache needs the radix cache; drop disable_radix_cache")
+        link = limits.kv_host_link
+        if link is None:
+            raise ValueError("sglang enable_hierarchical_cache needs the host link of the deployment "
+                             "(EngineLimits.kv_host_link)")
+        ratio, size = float(k["hicache_ratio"]), float(k["hicache_size"])
+        if not ratio > 0 or size < 0:
+            raise ValueError(f"sglang hicache_ratio must be > 0 and hicache_size >= 0, got {ratio} and {size}")
+        device = limits.num_gpu_blocks * limits.block_size
+        host = host_pool_tokens(device - device % self.page, self.page, ratio, size, link.rank_token_bytes)
+        self.host_link = link
+        return HiRadixCache(device, host, self.page, str(k["hicache_write_policy"]), token_bytes=link.token_bytes)
+
+    @property
+    def tier_store(self):
+        """The host tier for the summary's ``kv_tiers`` (None without HiCache)."""
+        return self.cache if self.host_link is not None else None
 
     # --- helpers -----------------------------------------------------------------------------
     def _st(self, req: Request) -> _ReqKV:
@@ -253,8 +291,9 @@ class SglangPolicy(Policy):
         cache.free_private(st.alloc - st.cached)
         cache.dec_lock(st.node)
 
-    def _cache_unfinished(self, req: Request) -> None:
-        """``cache_unfinished_req``: the computed tokens join the tree and the lock moves to them."""
+    def _cache_unfinished(self, req: Request, chunked: bool = False) -> None:
+        """``cache_unfinished_req``: the computed tokens join the tree and the lock moves to them
+        (``chunked``: the chunked request's partial prefix, which HiCache does not count as a hit)."""
         cache = self.cache
         if not cache.enabled:
             return
@@ -263,7 +302,10 @@ class SglangPolicy(Policy):
         if aligned <= st.cached:
             return
         seq = request_tokens(req, aligned)
-        cache.insert(seq, aligned, st.cached)
+        if self.host_link is not None:
+            cache.insert(seq, aligned, st.cached, chunked=chunked)
+        else:
+            cache.insert(seq, aligned, st.cached)
         matched, node = cache.match_prefix(seq, aligned)
         assert matched == aligned, (matched, aligned)
         cache.dec_lock(st.node)
@@ -306,7 +348,22 @@ class SglangPolicy(Policy):
         if self._rejected:
             plan.rejected.extend(self._rejected)
             self._rejected = []
+        if self.host_link is not None:
+            self._hicache_traffic(plan)
         return plan
+
+    def _hicache_traffic(self, plan: StepPlan) -> None:
+        """This step's HiCache copies on the plan: the loads back (layer by layer beside the
+        forward pass, ``cache_controller.py`` ``LayerDoneCounter``) and the write-back copies an
+        eviction waited for."""
+        link = self.host_link
+        if self._loads:
+            plan.kv_loads = {rid: (n, link.seconds(n)) for rid, n in self._loads.items()}
+            plan.kv_load_layers = link.layers
+            self._loads = {}
+        written = self.cache.take_write_back()
+        if written:
+            plan.kv_store_s = link.seconds(written)
 
     def _idle(self) -> None:
         """``self_check_during_idle``: the ratio starts over; a drained batch is not full."""
@@ -402,6 +459,10 @@ class SglangPolicy(Policy):
     def init_next_round_input(self, req: Request) -> None:
         """Radix match of a waiting request: its cached prefix, at most ``len - 1`` tokens."""
         st = self._st(req)
+        if self.host_link is not None:
+            st.match, st.match_node, st.host, st.host_node = self.cache.match_tiers(request_tokens(req),
+                                                                                   req.num_tokens - 1)
+            return
         st.match, st.match_node = self.cache.match_prefix(request_tokens(req), req.num_tokens - 1)
 
     # --- decode (update_running_batch) ------------------------------------------------------------
@@ -501,7 +562,7 @@ class SglangPolicy(Policy):
                 if id(r) not in done and r is not self.chunked:
                     self._cache_unfinished(r)
             if self.chunked is not None:
-                self._cache_unfinished(self.chunked)
+                self._cache_unfinished(self.chunked, chunked=True)
             merged = [r for r in prefills if id(r) not in done and r is not self.chunked]
             if decodes:  # a mixed batch became the running batch: prefills first, then decodes
                 self.running = merged + [r for r in decodes if id(r) not in done]
@@ -622,12 +683,20 @@ class _Adder:
         extend = req.num_tokens - prefix
         max_new = pol._remaining_new(req)
         total = extend + max_new + cache.page_size
-        cache.inc_lock(st.match_node)  # the temporary pin: its own prefix is not evictable
+        pin = st.match_node
+        cache.inc_lock(pin)  # the temporary pin: its own prefix is not evictable
         try:
             if not total < self.remaining_total:
                 # cbsim: a request alone in an idle engine is admitted if its prompt fits
                 if not (lone and cache.ceil_page(extend) <= cache.available_and_evictable):
                     return NO_TOKEN, 0
+            if st.host:  # HiCache: load the host-only nodes back (init_load_back), all or nothing
+                loaded = cache.load_back(st.host_node)
+                if loaded:
+                    pol._loads[req.id] = pol._loads.get(req.id, 0) + loaded
+                    st.match, st.match_node = prefix + loaded, st.host_node
+                    prefix, extend = st.match, req.num_tokens - st.match
+                st.host, st.host_node = 0, cache.root
             if self.rem_chunk is None:
                 if self._has_admitted and cache.ceil_page(extend) >= self.rem_input:
                     return OTHER, 0
@@ -641,7 +710,7 @@ class _Adder:
                         return OTHER, 0
                     max_new = 0
         finally:
-            cache.dec_lock(st.match_node)
+            cache.dec_lock(pin)
         cache.inc_lock(st.match_node)  # _req_inc_lock_ref: held while the request runs
         st.node, st.cached, st.alloc = st.match_node, prefix, prefix
         self._has_admitted = True

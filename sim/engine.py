@@ -45,6 +45,7 @@ import numpy as np
 import simpy
 
 from policies.base import Policy, Request, Status, StepPlan
+from policies.kv.hiradix import layerwise_overlap
 from sim.latency.base import LatencyModel, StepShape, step_shape
 from sim.metrics.recompute import RecomputeTracker
 from sim.metrics.recorder import (
@@ -242,7 +243,7 @@ class Replica:
         if plan.swap_out_blocks or plan.swap_in_blocks:
             swap_s = latency.swap_time(plan.swap_out_blocks + plan.swap_in_blocks)
             dt += swap_s
-        if plan.kv_loads:  # KV loaded from a tier below the GPU (policies.kv.tiers)
+        if plan.kv_loads or plan.kv_store_s:  # KV moved to or from a tier below the GPU (policies.kv)
             dt = kv_load_step(plan, records, dt)
         return dt, plan, shape, flops, bytes_, swap_s, recomputed
 
@@ -347,16 +348,21 @@ class Replica:
 def kv_load_step(plan: StepPlan, records, dt: float) -> float:
     """The step's duration with its KV loads (their copies one after another on the host link):
     overlapped with the step's compute (vLLM's native offloading: the step lasts at least the
-    loads) or added to it (LMCache's synchronous load); each request's load on its record."""
+    loads) or added to it (LMCache's synchronous load), or layer by layer beside the forward pass
+    (SGLang's HiCache: :func:`policies.kv.hiradix.layerwise_overlap`); plus the copies to the host
+    the step waited for (HiCache's write-back); each request's load on its record."""
     load_s = 0.0
-    for rid, (tokens, seconds) in plan.kv_loads.items():
+    for rid, (tokens, seconds) in (plan.kv_loads or {}).items():
         rec = records[rid]
         rec.tier_hit_tokens += tokens
         rec.kv_load_s += seconds
         load_s += seconds
-    if not plan.scheduled:  # only loads in flight: the step is the copy
-        return load_s
-    return max(dt, load_s) if plan.kv_load_async else dt + load_s
+    store = plan.kv_store_s  # the scheduler waited for these before the step was launched
+    if not plan.scheduled:  # only copies in flight: the step is the copy
+        return load_s + store
+    if plan.kv_load_layers:
+        return store + layerwise_overlap(dt, load_s, plan.kv_load_layers)
+    return store + (max(dt, load_s) if plan.kv_load_async else dt + load_s)
 
 
 def landing_delay(now: float, target: float) -> float | None:

@@ -24,7 +24,7 @@ import pandas as pd
 from policies.registry import POLICIES, make_policy
 from sim.engine import Simulation
 from sim.errors import CbsimError
-from sim.metrics.kv_tiers import kv_tiers_report, returning_turn_ttft
+from sim.metrics.kv_tiers import kv_tiers_report, returning_turn_ttft, tier_store_of
 from sim.metrics.recorder import HORIZON_REACHED
 from sim.metrics.summary import summarize
 from sim.results import RunResult
@@ -96,8 +96,10 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     knobs = policy_knobs(scn, entry)
     limits = dep.limits_for(entry.name, knobs)  # unset batch limits: this policy's engine defaults
     if scn.engine.kv_offloading_size is not None and entry.name != "vllm-v1":
-        raise CbsimError(f"engine.kv_offloading_size: KV offloading is modelled for vllm-v1 only, not "
-                         f"{entry.name!r}; drop that policy entry or unset engine.kv_offloading_size")
+        hint = ("; SGLang's own host tier is the policy knob enable_hierarchical_cache (HiCache)"
+                if entry.name == "sglang" else "")
+        raise CbsimError(f"engine.kv_offloading_size: vLLM's KV offloading is modelled for vllm-v1 only, not "
+                         f"{entry.name!r}; drop that policy entry or unset engine.kv_offloading_size{hint}")
     if (scn.engine.kv_offloading_size is not None and knobs.get("kv_offload", True)
             and knobs.get("enable_prefix_caching") is False):
         raise CbsimError(f"policy {entry.label or entry.name!r}: KV offloading finds blocks by their prefix hash, so it "
@@ -155,7 +157,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     summary.update(end_report(requests, end_s, capped))
     summary["communication"] = communication_report(dep, replicas[0][1], steps)
     summary["speculative"] = speculative_report(getattr(entry, "speculative", None), requests, steps)
-    summary["kv_tiers"] = kv_tiers_report([getattr(getattr(p, "kv", None), "tiers", None) for p, _ in replicas],
+    summary["kv_tiers"] = kv_tiers_report([tier_store_of(p) for p, _ in replicas],
                                           limits.block_size, requests)
     summary["sessions"] = returning_turn_ttft(requests)
     return requests, steps, summary, meta

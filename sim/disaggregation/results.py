@@ -39,7 +39,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from sim.metrics.kv_tiers import kv_tiers_report, returning_turn_ttft
+from sim.metrics.kv_tiers import kv_tiers_report, returning_turn_ttft, tier_store_of
 from sim.metrics.recorder import KV_REQUEST_COLUMNS, REQUEST_COLUMNS
 from sim.metrics.summary import stats, summarize
 
@@ -225,7 +225,7 @@ def summarize_disaggregated(top, requests: pd.DataFrame, steps: pd.DataFrame, ti
         "decode": pool_summary(requests, steps[pool_col == "decode"], decode, slo),
     }
     # KV offloading and sessions: the prefill pool's tiers (the decode pool has none)
-    summary["kv_tiers"] = kv_tiers_report([getattr(getattr(r.policy, "kv", None), "tiers", None) for r in top.prefill],
+    summary["kv_tiers"] = kv_tiers_report([tier_store_of(r.policy) for r in top.prefill],
                                           prefill.limits.block_size, requests)
     summary["sessions"] = returning_turn_ttft(requests)
     summary["pools"]["prefill"]["preemptions"] = int(sum(h.prefill.preemptions for h in top.handoffs))

@@ -13,6 +13,7 @@ A further tier's figures are its own (``read_gbps`` / ``write_gbps``, whole-node
 
 from __future__ import annotations
 
+from policies.kv.hiradix import HostLink
 from policies.kv.tiers import OffloadConfig, TierSpec
 from sim.errors import ScenarioError
 from sim.hardware.gpus import GPUSpec
@@ -48,3 +49,12 @@ def offload_config(engine, model: ModelSpec, gpu: GPUSpec, tp: int) -> OffloadCo
             )
         )
     return OffloadConfig(engine.kv_offloading_backend, tuple(tiers), int(round(per_block)))
+
+
+def host_link(model: ModelSpec, gpu: GPUSpec, tp: int) -> HostLink:
+    """GPU <-> host copies of one replica (SGLang's HiCache, :mod:`policies.kv.hiradix`): a token's KV on
+    one rank (``kv_bytes_per_token``, every layer, as SGLang's host pool ``get_size_per_token``), over
+    all ranks, the host link in one direction times the ranks, and the layer count (the copies
+    are issued layer by layer)."""
+    rank = float(model.kv_bytes_per_token(tp))
+    return HostLink(rank, rank * tp, gpu.pcie_bandwidth * tp, int(model.num_layers))

@@ -14,8 +14,15 @@ import numpy as np
 import pandas as pd
 
 
+def tier_store_of(policy):
+    """A policy's tiers below the GPU, or None: vLLM V1's :class:`policies.kv.tiers.TierStore`
+    (``policy.kv.tiers``) or SGLang's HiCache host tier (``policy.tier_store``)."""
+    store = getattr(getattr(policy, "kv", None), "tiers", None)
+    return store if store is not None else getattr(policy, "tier_store", None)
+
+
 def kv_tiers_report(stores, block_size: int, requests: pd.DataFrame) -> dict | None:
-    """``stores``: each replica's :class:`policies.kv.tiers.TierStore` (None when offloading is off)."""
+    """``stores``: each replica's :func:`tier_store_of` (None when offloading is off)."""
     stores = [s for s in stores if s is not None]
     if not stores:
         return None

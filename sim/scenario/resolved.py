@@ -15,7 +15,7 @@ from pathlib import Path
 from policies.base import EngineLimits
 from sim.hardware.gpus import GPUSpec, get_gpu
 from sim.hardware.kv_capacity import expert_parallel, resolve_kv
-from sim.hardware.kv_tiers import offload_config
+from sim.hardware.kv_tiers import host_link, offload_config
 from sim.hardware.models import ModelSpec, get_model
 from sim.scenario.schema import Scenario
 
@@ -125,6 +125,7 @@ def engine_limits(scn: Scenario, model: ModelSpec, gpu: GPUSpec) -> EngineLimits
         max_model_len=e.max_model_len,
         device=device_of(gpu, scn.hardware.tensor_parallel),
         kv_offload=offload_config(e, model, gpu, scn.hardware.tensor_parallel),
+        kv_host_link=host_link(model, gpu, scn.hardware.tensor_parallel),
     )
 
 
@@ -155,7 +156,7 @@ def own_pool_limits(dep: Deployment, cls, knobs: dict) -> EngineLimits:
     unset = EngineLimits(block_size=e.block_size, num_gpu_blocks=max(tokens // e.block_size, 1),
                          num_cpu_blocks=dep.limits.num_cpu_blocks, max_num_seqs=e.max_num_seqs,
                          max_num_batched_tokens=e.max_num_batched_tokens, max_model_len=e.max_model_len,
-                         device=device)
+                         device=device, kv_host_link=dep.limits.kv_host_link)
     return cls.resolve_limits(unset, merged)
 
 

@@ -71,6 +71,11 @@ class HostLink:
         return tokens * self.token_bytes / self.link_bps
 
 
+# what knob checks build a policy with before a deployment is resolved (sim.scenario.schema): Llama-3-8B's
+# 128 KiB a token over a PCIe Gen5 x16 link one way, 32 layers
+NOMINAL_HOST_LINK = HostLink(2.0**17, 2.0**17, 64e9, 32)
+
+
 def layerwise_overlap(compute_s: float, load_s: float, layers: int) -> float:
     """A forward pass of ``compute_s`` whose layer ``i`` waits for the ``i``-th of ``layers`` equal
     copies of ``load_s`` in all (SGLang's ``LayerDoneCounter``): the copies run back to back on

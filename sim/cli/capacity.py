@@ -72,10 +72,22 @@ def capacity_cmd(
         console.print("saturated: one replica's burst finish rate × replicas.count (colocated); the burst's finish "
                       "rate through the whole topology, prefill pool, links and decode pool (disaggregated)",
                       highlight=False)
+    gains = _print_gains(console, scn, results)
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
     shared.write_json(console, json_out, {"scenario": scn.name, "tolerance": tolerance,
-                                          "policies": {k: v.to_dict() for k, v in results.items()}})
+                                          "policies": {k: v.to_dict() for k, v in results.items()},
+                                          "tier_gains": gains})
+
+
+def _print_gains(console, scn, results) -> list[dict]:
+    """The capacity a KV tier buys, per entry with tiers and its twin without (sim.planning.tier_gain)."""
+    from sim.planning.tier_gain import gain_line, tier_gains
+
+    gains = tier_gains(scn, results)
+    for g in gains:
+        console.print(gain_line(g, scn.workload.sessions is not None), highlight=False, soft_wrap=True)
+    return gains
 
 
 def _rate(v) -> str:
@@ -118,10 +130,12 @@ def _closed_loop_table(console, t, scn, results, json_out, tolerance: float) -> 
             notes.append(f"{label}: the verdict at {', '.join(f'{x:g}' for x in r.unstable_rates)} clients still "
                          f"changed between the two largest probe sizes: raise workload.num_requests")
     console.print(t)
+    gains = _print_gains(console, scn, results)
     console.print("closed loop: each probe runs workload.arrival.concurrency clients (at least 8 requests each), "
                   "judged on its steady window (warm-up and drain left out); the search doubles or halves the "
                   f"concurrency, then bisects to ±{tolerance:.0%} (at least one client)", highlight=False)
     for n in notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
     shared.write_json(console, json_out, {"scenario": scn.name, "tolerance": tolerance,
-                                          "policies": {k: v.to_dict() for k, v in results.items()}})
+                                          "policies": {k: v.to_dict() for k, v in results.items()},
+                                          "tier_gains": gains})

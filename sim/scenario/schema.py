@@ -787,9 +787,10 @@ def _check_knob_values(cls, knobs: dict[str, Any]) -> None:
     policy's own constructor; build one on default limits now, so a bad value is a scenario
     error naming the key rather than a crash when the run starts."""
     from policies.base import EngineLimits
+    from policies.kv.hiradix import NOMINAL_HOST_LINK
 
-    try:
-        cls(EngineLimits(), **knobs)
+    try:  # (a nominal host link: SGLang's HiCache knobs are checked against the real one at run time)
+        cls(EngineLimits(kv_host_link=NOMINAL_HOST_LINK), **knobs)
     except (ValueError, TypeError) as exc:
         text = str(exc)
         key = next((k for k in knobs if k in text), next(iter(knobs), "name"))

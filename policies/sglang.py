@@ -37,6 +37,13 @@ sgl-project/sglang's ``schedule_policy.py``, ``mem_cache/prefill_budget.py`` and
    cached prefix (at most ``len - 1`` tokens), locks it while running; after its prefill its
    computed tokens are inserted (``cache_unfinished_req``), after it finishes its prompt and
    output (``cache_finished_req``); finished and retracted requests leave their prefix evictable.
+6. **HiCache** (``enable_hierarchical_cache``, :class:`policies.kv.hiradix.HiRadixCache`): the tree
+   keeps evicted nodes' copies in a host pool (``hicache_ratio`` × the GPU pool, or
+   ``hicache_size`` GB per rank), written by ``hicache_write_policy``; a waiting request's match
+   continues into host-only nodes, and ``add_one_req`` loads them back after its memory check
+   (``init_load_back``, all or nothing), so the request computes only what neither tier holds.
+   The load runs layer by layer beside the batch's forward pass (the step lasts
+   ``max(h + c/L, h/L + c)``); write-back copies an eviction waited for are added to the step.
 
 The KV pool is ``engine.num_gpu_blocks × engine.block_size`` tokens, managed in pages of
 ``page_size`` tokens (SGLang's default 1); unset, cbsim sizes it as SGLang does, by
@@ -54,7 +61,7 @@ prompts of ``max_model_len`` tokens or more, or larger than the pool, and admits
 in an idle engine if its prompt fits (SGLang's clip of ``max_new_tokens`` to the pool would make
 it admissible there). A lone running request whose next token cannot fit is rejected with a
 reason (SGLang aborts it, or raises in older releases). ``random`` ordering uses a fixed seed.
-Not modelled: priority scheduling and its preemption, hierarchical cache, speculative decoding,
+Not modelled: priority scheduling and its preemption, HiCache's storage tier (L3), speculative decoding,
 overlap scheduling, data parallelism, LoRA, grammar queues.
 """
 

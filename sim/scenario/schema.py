@@ -876,13 +876,15 @@ class DisaggPool(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> DisaggPool:
         from policies.base import EngineLimits
+        from policies.kv.hiradix import NOMINAL_HOST_LINK
         from policies.kv.paged import PagedKVManager
 
         if self.policy.speculative is not None:
             raise KeyedError("policy.speculative", "speculative decoding is not modelled in disaggregated "
                                                    "pools; drop the key (or simulate it as a colocated policy)")
         cls = policy_registry()[self.policy.name]
-        if not isinstance(getattr(cls(EngineLimits(), **self.policy.knobs()), "kv", None), PagedKVManager):
+        built = cls(EngineLimits(kv_host_link=NOMINAL_HOST_LINK), **self.policy.knobs())
+        if not isinstance(getattr(built, "kv", None), PagedKVManager):
             raise KeyedError("policy.name", f"{self.policy.name!r} cannot hand a request's KV blocks to "
                                             f"another instance (it has no paged KV manager); use vllm-v1")
         return self

@@ -14,11 +14,12 @@ from sim.planning.tier_gain import tier_pairs
 from sim.runner import run
 from sim.scenario.schema import load_scenario
 
-# sessions.yaml at a size a test affords: one H100 whose GPU cache holds 32k tokens, 8 GiB of host
-# memory (64k tokens), 40 sessions of 3-5 turns 20 s apart on a 2,000-token system prompt
-SMALL = ["replicas.count=1", "engine.num_gpu_blocks=2048", "engine.kv_offloading_size=8",
+# sessions.yaml time-scaled to a size a test affords: one H100 whose GPU cache holds 32k tokens,
+# 32 GiB of host memory (256k tokens), sessions of 3-5 turns 5 s apart on a 2,000-token system
+# prompt (probes grow from 40 sessions until their starts span two session lifetimes)
+SMALL = ["replicas.count=1", "engine.num_gpu_blocks=2048", "engine.kv_offloading_size=32",
          "workload.sessions.count=40", "workload.sessions.turns={dist: uniform, min: 3, max: 5}",
-         "workload.sessions.think_time_s={dist: exponential, mean: 20.0}",
+         "workload.sessions.think_time_s={dist: exponential, mean: 5.0}",
          "workload.sessions.new_tokens={dist: uniform, min: 500, max: 1500}",
          "workload.sessions.output_tokens={dist: uniform, min: 50, max: 150}",
          "workload.sessions.system_prompt={num_groups: 2, tokens: 2000}"]

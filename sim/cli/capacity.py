@@ -63,7 +63,12 @@ def capacity_cmd(
         if seeds > 1:
             console.print(f"{label}: spread at {r.rate_rps:.4g} req/s {shared.spread_text(r.spread)}",
                           highlight=False, soft_wrap=True)
-    console.print(steady_rule_line(scn.workload.num_requests), highlight=False)
+    sessions = scn.workload.sessions
+    console.print(steady_rule_line(f"{sessions.count} sessions" if sessions is not None
+                                   else f"{scn.workload.num_requests} requests"), highlight=False)
+    if sessions is not None:
+        console.print("sessions: max rate is sessions per second (offered / achieved: requests per second); a probe "
+                      "is too short until its sessions' starts span two session lifetimes", highlight=False)
     if seeds > 1:
         console.print(f"seeds: every probed rate judged at seeds {scn.seed}-{scn.seed + seeds - 1} and met only when "
                       f"every seed met; spread = the binding percentile's min-max over them at the max rate",
@@ -94,11 +99,11 @@ def _rate(v) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
-def steady_rule_line(num_requests) -> str:
+def steady_rule_line(size: str) -> str:
     """How every figure above was measured (sim.metrics.steady, sim.planning.probe)."""
     return ("steady state: latencies, goodput and offered/achieved rates are those of requests arriving after "
             "warm-up and before drain (cut = max(10 % of the arrival span, median service time)); each probe "
-            f"doubles from {num_requests} requests until its window spans 10 service times and two sizes agree; "
+            f"doubles from {size} until its window spans 10 service times and two sizes agree; "
             "rates at or above the saturated throughput (all requests at once) violate without a run")
 
 

@@ -18,6 +18,13 @@ window shorter than ``MIN_WINDOW_TURNOVERS`` turnovers (``service``) or holding 
 still building: no steady figures (``too_short``; ``requests_in_window`` says how many), and the
 planners grow the run (:func:`needed_scale` says by how much).
 
+**Sessions.** A workload of sessions (``workload.sessions``) carries a load set by how many
+sessions are alive at once, the session rate times a session's *lifetime* (first turn's arrival to
+last turn's end): a run whose sessions all start within one lifetime never reaches that load, and
+at a high enough rate it is one burst of ``count`` sessions whatever the rate. So a session run is
+also too short while its sessions' starts span fewer than ``MIN_SESSION_LIFETIMES`` median
+lifetimes (:func:`session_scale`), and the planners grow the session count until they do.
+
 ``offered_rps`` is the arrival rate in the window; ``achieved_rps`` the rate at which requests
 (any of them) finished in it. A server that keeps up achieves what is offered; one that cannot
 falls behind and achieves its saturated throughput, whatever the offered rate.
@@ -35,6 +42,7 @@ import pandas as pd
 WARMUP_FRACTION = 0.1
 MIN_WINDOW_REQUESTS = 200
 MIN_WINDOW_TURNOVERS = 10
+MIN_SESSION_LIFETIMES = 2.0
 
 
 def turnover_s(requests: pd.DataFrame) -> float:
@@ -52,6 +60,29 @@ def sent_arrivals(requests: pd.DataFrame) -> np.ndarray:
     return arrivals[~np.isnan(arrivals)]
 
 
+def session_scale(requests: pd.DataFrame) -> float:
+    """By how much a run of sessions must grow (its session count, at the same session rate) for its
+    sessions' starts to span ``MIN_SESSION_LIFETIMES`` median session lifetimes (module doc); 1.0
+    when they do or without sessions."""
+    if "session" not in requests:
+        return 1.0
+    r = requests[requests["session"] >= 0]
+    if r.empty:
+        return 1.0
+    arrival = r["arrival_s"].to_numpy(dtype=float)
+    end = np.fmax(r["finish_s"].to_numpy(dtype=float), arrival)
+    frame = pd.DataFrame({"s": r["session"].to_numpy(), "a": arrival, "e": end})
+    g = frame.groupby("s")
+    starts, ends = g["a"].min().to_numpy(), g["e"].max().to_numpy()
+    ok = ~np.isnan(starts)
+    if ok.sum() < 2:
+        return 2.0
+    lifetime = float(np.nanmedian(ends[ok] - starts[ok]))
+    span = float(starts[ok].max() - starts[ok].min())
+    need = MIN_SESSION_LIFETIMES * lifetime
+    return 1.0 if span >= need else (need / span if span > 0 else 2.0)
+
+
 def needed_scale(requests: pd.DataFrame) -> float:
     """By how much the run (its request count, at the same rate) must grow for its steady window
     to be long enough (1.0 when it is)."""
@@ -62,7 +93,7 @@ def needed_scale(requests: pd.DataFrame) -> float:
     turnover = turnover_s(requests)
     need_span = (MIN_WINDOW_TURNOVERS + 2) * turnover / (1 - 2 * WARMUP_FRACTION)
     need = max(need_span / span if span > 0 else 2.0,
-               (MIN_WINDOW_REQUESTS / (1 - 2 * WARMUP_FRACTION)) / len(requests))
+               (MIN_WINDOW_REQUESTS / (1 - 2 * WARMUP_FRACTION)) / len(requests), session_scale(requests))
     return max(1.0, need)
 
 

@@ -21,7 +21,13 @@ import numpy as np
 import pandas as pd
 
 from sim.metrics.prefix_reuse import prefix_reuse
-from sim.metrics.steady import MIN_WINDOW_REQUESTS, MIN_WINDOW_TURNOVERS, steady_window, turnover_s
+from sim.metrics.steady import (
+    MIN_WINDOW_REQUESTS,
+    MIN_WINDOW_TURNOVERS,
+    session_scale,
+    steady_window,
+    turnover_s,
+)
 
 PERCENTILES = (50, 90, 99)
 
@@ -100,7 +106,8 @@ def steady_summary(requests: pd.DataFrame, slo=None) -> dict:
     inside = requests[(arr >= window[0]) & (arr < window[1])] if window else requests.iloc[:0]
     turnover = turnover_s(requests)
     too_short = (window is None or len(inside) < MIN_WINDOW_REQUESTS
-                 or window[1] - window[0] < MIN_WINDOW_TURNOVERS * turnover)
+                 or window[1] - window[0] < MIN_WINDOW_TURNOVERS * turnover
+                 or session_scale(requests) > 1.0)  # sessions: their starts span too few lifetimes
     out = {"window_start_s": window[0] if window else None, "window_end_s": window[1] if window else None,
            "requests_in_window": int(len(inside)),
            "turnover_s": turnover, "too_short": too_short,

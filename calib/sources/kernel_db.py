@@ -249,6 +249,11 @@ class KernelDb:
         # even for models that never touch them; keep the console to our own lines.
         logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
         self.fp8_mode = fp8_quant_mode(model.config, fp8_scaling) if dtype == "fp8" else None
+        # per-tensor FP8 GEMMs: whether the activations' scale is the checkpoint's (static) or computed
+        # every step (dynamic); the database's fp8 rows are dynamic (fp8_activation_scales)
+        self.fp8_activations = (fp8_activation_scales(engine, model.config) if self.fp8_mode == "fp8" else None)
+        if self.fp8_activations == "static" and not self._has_compute_scale_rows():
+            self.fp8_activations = "dynamic (the database has no compute_scale rows to take out)"
         kwargs = self.compile_kwargs()
         try:
             self.handle = EngineHandle.compile(self._dir.name, self.system, engine,
@@ -278,11 +283,21 @@ class KernelDb:
         sharded over the TP ranks, as vLLM runs them without expert parallelism).
         :mod:`calib.sources.kernel_db_moe` overrides this for expert- and data-parallel layouts."""
         quant = getattr(self, "fp8_mode", None) or ("fp8" if self.dtype == "fp8" else "bfloat16")
-        kwargs = {"tp_size": self.tp, "gemm_quant_mode": quant,
+        gemm = "fp8_static" if quant == "fp8" and getattr(self, "fp8_activations", None) == "static" else quant
+        kwargs = {"tp_size": self.tp, "gemm_quant_mode": gemm,
                   "kvcache_quant_mode": "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"}
         if getattr(self.model.spec, "num_experts", 0):
             kwargs.update(moe_quant_mode=quant, moe_tp_size=self.tp, moe_ep_size=1)
         return kwargs
+
+    def _has_compute_scale_rows(self) -> bool:
+        """Whether the database measured the dynamic scale's own cost (``quantize/<engine>/<version>/
+        computescale_perf.parquet``), which AIConfigurator's ``fp8_static`` mode takes out of its fp8 rows."""
+        import importlib.resources as res
+
+        root = Path(str(res.files("aiconfigurator_core") / "systems"))
+        data = root / self._system_yaml().get("data_dir", f"data/{self.system}")
+        return (data / "quantize" / self.engine / self.engine_version / "computescale_perf.parquet").is_file()
 
     @staticmethod
     def is_attention_op(name: str) -> bool:
@@ -494,6 +509,34 @@ def fp8_quant_mode(config: dict, scaling: str | None = None) -> str:
         return "fp8_block" if scaling == "block" else "fp8"
     q = config.get("quantization_config") or {}
     return "fp8_block" if q.get("weight_block_size") else "fp8"
+
+
+def fp8_activation_scales(engine: str, config: dict) -> str:
+    """``static`` or ``dynamic``: how a per-tensor FP8 linear layer gets its activations' scale.
+
+    Why it matters: AIConfigurator's ``fp8`` GEMM rows time TensorRT-LLM's ``Linear`` loaded with a
+    weight scale and no ``input_scale`` (collector/trtllm/collect_gemm.py ``_build_weights``), so
+    ``FP8QDQLinearMethod.apply`` (tensorrt_llm/_torch/modules/linear.py) quantizes every input
+    dynamically with ``quantize_e4m3_per_tensor``: an amax pass over the activations before the
+    GEMM. A checkpoint with calibrated input scales takes ``static_quantize_e4m3_per_tensor``
+    instead (``load_weights_vanilla`` sets ``has_static_input_scale``). The database measures the
+    difference itself (``quantize/*/computescale_perf.parquet``: dynamic minus static, 7.3 us a
+    GEMM at 8 tokens on the H100, TensorRT-LLM 1.3.0rc20), and AIConfigurator's ``fp8_static``
+    quant mode prices a GEMM as its fp8 row less that ``compute_scale`` (sdk/perf_database.py
+    ``_gemm_key_names``). Qwen3-32B at TP 1 has 4 such GEMMs in each of 64 layers: 2.1 ms of its
+    18.4 ms decode step at 8 sequences (TensorRT-LLM, H100).
+
+    The rule: the checkpoint's own ``quantization_config.activation_scheme`` when it says;
+    otherwise ``static`` for TensorRT-LLM, whose per-tensor FP8 checkpoints are ModelOpt's, which
+    calibrates an ``input_scale`` for every linear layer (and the LLM API's own FP8 quantization
+    runs the same ModelOpt calibration), and ``dynamic`` for vLLM and SGLang, whose
+    ``--quantization fp8`` of a bf16 checkpoint computes the scale per step (vLLM ``Fp8Config``
+    ``activation_scheme`` 'dynamic')."""
+    q = config.get("quantization_config") or {}
+    scheme = str(q.get("activation_scheme") or "").lower()
+    if scheme in ("static", "dynamic"):
+        return scheme
+    return "static" if engine == "trtllm" else "dynamic"
 
 
 def priced_spec(spec, dtype: str):
@@ -731,7 +774,11 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                     if db.dtype == "fp16" else None,
                 "fp8": (f"w8a8 FP8 GEMMs and MoE, AIConfigurator quant mode {db.fp8_mode} ("
                         + ("128 x 128 block scales: the checkpoint's quantization_config.weight_block_size"
-                           if db.fp8_mode == "fp8_block" else "per-tensor scales") + "); attention and KV cache in bf16")
+                           if db.fp8_mode == "fp8_block" else "per-tensor scales") + "); attention and KV cache in bf16"
+                        + (f"; activation scales {db.fp8_activations} (fp8_activation_scales: the database's fp8 rows "
+                           "quantize the activations dynamically; static scales are priced with AIConfigurator's "
+                           "fp8_static mode, the fp8 row less its measured compute_scale, "
+                           "quantize/computescale_perf.parquet)" if db.fp8_activations else ""))
                     if db.dtype == "fp8" else None,
             },
             "known_limits": known_limits(db),

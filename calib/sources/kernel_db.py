@@ -261,14 +261,13 @@ class KernelDb:
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CbsimError(f"{PACKAGE} cannot model {model.spec.name!r} on {self.system} in {engine} "
                              f"{self.engine_version} at tp {tp}: {exc}") from None
-        ctx_ops, _ = self.handle.run_static_per_op(batch_size=1, isl=16, osl=2)
-        self.context_ops = [name for name, *_ in ctx_ops]
-        idx = {name: i for i, name in enumerate(self.context_ops)}
-        self._attn = [i for n, i in idx.items() if self.is_attention_op(n)]
-        self._linear = [i for n, i in idx.items() if i not in self._attn and "logits" not in n]
+        # the compiled operator lists position by position: the indices evaluate_*_ops take
+        self.context_ops = spec_op_names(self.handle.evaluate_context_ops)
+        self._attn = [i for i, n in enumerate(self.context_ops) if self.is_attention_op(n)]
+        self._linear = [i for i, n in enumerate(self.context_ops) if i not in self._attn and "logits" not in n]
         # the LM head from the generation list: AIConfigurator's MoE models leave it out of their
         # context list (a per-sequence GEMM, the same kernel either way)
-        gen_ops = [name for name, *_ in self.handle.decode_step_per_op(gen_tokens=1, isl=16, osl=2)]
+        gen_ops = spec_op_names(self.handle.evaluate_generation_ops)
         self._gen_attn = [i for i, n in enumerate(gen_ops) if self.is_attention_op(n)]
         self._per_seq = [i for i, n in enumerate(gen_ops) if "logits" in n]
         if not self._attn or not self._per_seq or not self._gen_attn:
@@ -418,10 +417,16 @@ class KernelDb:
 
     @staticmethod
     def _ops(rows) -> dict[str, Op]:
+        """Operator times by short name; operators of one name (gpt-oss's sliding-window and
+        full-attention layers are two ``attention`` operators) add up."""
         out: dict[str, Op] = {}
         for name, ms, _energy, source in rows:
             short = name.split("_", 1)[1] if name.startswith(("context_", "generation_")) else name
-            out[short] = Op(float(ms) * MS, str(source))
+            if short in out:
+                prev = out[short]
+                out[short] = Op(prev.seconds + float(ms) * MS, prev.source if prev.source == str(source) else "mixed")
+            else:
+                out[short] = Op(float(ms) * MS, str(source))
         return out
 
     # --- AIConfigurator's own whole-step predictions (seconds), to check the composition -----------
@@ -489,6 +494,29 @@ class KernelDb:
         return {"system": self.system, "system_yaml": f"systems/{self.system}.yaml",
                 "hbm_bandwidth": spec["gpu"]["mem_bw"], "bf16_tc_flops": spec["gpu"].get("bfloat16_tc_flops"),
                 "tables": out}
+
+
+def spec_op_names(evaluate) -> list[str]:
+    """The names of a compiled operator list in its own order, one per position (``evaluate`` is
+    ``EngineHandle.evaluate_context_ops`` or ``evaluate_generation_ops``, which take positions).
+
+    Why not ``run_static_per_op`` or ``decode_step_per_op``: those fold operators of one name into
+    one entry (aic-core engine.py: "name-folded"), so their positions are not the list's once a
+    name repeats. gpt-oss has two ``context_attention`` operators (its sliding-window and its
+    full-attention layers, positions 0 and 4 of 13): read from the folded list, the second one
+    was priced inside ``linear`` as the attention of one sequence of T tokens, prefill_attn and
+    decode_attn held only the first, and ``per_seq`` took position 10 of the generation list
+    (the MoE combine, 0 ms) for the LM head (position 11: 0.32 ms at 8 sequences, vLLM, H200)."""
+    names: list[str] = []
+    while True:
+        try:
+            rows = evaluate([len(names)], batch_size=1, s=16)
+        except ValueError:  # "index N out of range (N context ops)": the end of the list
+            break
+        if not rows:
+            break
+        names.append(str(rows[0][0]))
+    return names
 
 
 FP8_SCALINGS = ("tensor", "block")

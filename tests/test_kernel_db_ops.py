@@ -53,3 +53,26 @@ def test_the_operator_list_reads_to_its_end(oss):
     with pytest.raises(ValueError):
         oss.handle.evaluate_context_ops([len(names)], batch_size=1, s=16)
     assert oss.context_ops == names
+
+
+def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_1024_tokens():
+    """SGLang's dual-stream MoE (DeepseekV2MoE.forward, <= 1024 tokens): linear(T) takes the MoE block
+    as the database's generation list prices it, the slower of shared and routed experts (so less than
+    the context list's sum of both); above 1024 tokens, the sum."""
+    require_aic()
+    from calib.sources.kernel_db import resolve_model, spec_op_names
+    from calib.sources.kernel_db_moe import MOE_OVERLAP_MAX_TOKENS, Layout, MoeKernelDb
+
+    db = MoeKernelDb(resolve_model("deepseek-ai/DeepSeek-V3"), "h200", Layout(8, 1, False), engine="sglang",
+                     dtype="fp8")
+    gen = spec_op_names(db.handle.evaluate_generation_ops)
+    assert "generation_moe_overlap" in gen
+    small = db.linear_ops(4)
+    assert "moe_overlap" in small and "shared_gate_up_gemm" not in small
+    overlap = db.handle.evaluate_generation_ops([gen.index("generation_moe_overlap")], batch_size=4, s=1)[0][1] * 1e-3
+    assert small["moe_overlap"].seconds == pytest.approx(overlap, rel=1e-9)
+    serial = db._ops(db.handle.evaluate_context_ops(db._linear, batch_size=1, s=4))
+    moe_block = sum(op.seconds for n, op in serial.items() if n.startswith(("shared_", "router", "moe")))
+    assert 0.5e-3 < moe_block - overlap < moe_block  # the shared experts' time, hidden
+    big = db.linear_ops(MOE_OVERLAP_MAX_TOKENS + 1)
+    assert "moe" in big and "moe_overlap" not in big

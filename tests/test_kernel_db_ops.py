@@ -76,3 +76,7 @@ def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_1024_tokens():
     assert 0.5e-3 < moe_block - overlap < moe_block  # the shared experts' time, hidden
     big = db.linear_ops(MOE_OVERLAP_MAX_TOKENS + 1)
     assert "moe" in big and "moe_overlap" not in big
+    # SGLang with expert-parallel experts runs forward_deepep: shared experts first, no overlap
+    wide = MoeKernelDb(resolve_model("deepseek-ai/DeepSeek-V3"), "h200", Layout(1, 8, True), engine="sglang",
+                       dtype="fp8")
+    assert not wide.overlaps_shared_experts and "moe" in wide.linear_ops(4)

@@ -155,14 +155,23 @@ class MoeKernelDb(KernelDb):
         return super().linear_ops(tokens)
 
     @property
+    def overlaps_shared_experts(self) -> bool:
+        """Whether the engine runs the shared experts beside the routed ones in this layout: TensorRT-LLM
+        always (``DeepseekV3MoE``: ``maybe_execute_in_parallel`` on ``aux_stream``), SGLang unless its
+        experts are expert-parallel (``DeepseekV2MoE.forward`` takes ``forward_deepep``, shared experts
+        first, when an all-to-all backend is on); vLLM: not claimed (no source read)."""
+        return self.engine == "trtllm" or (self.engine == "sglang" and not self.layout.expert_parallel)
+
+    @property
     def _gen_linear(self) -> list[int]:
-        """Positions of the generation list's token-major operators when it overlaps the MoE's
-        shared and routed experts (an ``*_moe_overlap`` operator), else []."""
+        """Positions of the generation list's token-major operators when the engine overlaps the MoE's
+        shared and routed experts (:attr:`overlaps_shared_experts`) and the list has the operator for
+        it (``*_moe_overlap``), else []."""
         if not hasattr(self, "_gen_linear_idx"):
             from calib.sources.kernel_db import spec_op_names
 
             names = spec_op_names(self.handle.evaluate_generation_ops)
-            overlap = any(n.endswith("moe_overlap") for n in names)
+            overlap = self.overlaps_shared_experts and any(n.endswith("moe_overlap") for n in names)
             self._gen_linear_idx = [i for i, n in enumerate(names) if not self.is_attention_op(n)
                                     and "logits" not in n] if overlap else []
         return self._gen_linear_idx
@@ -200,7 +209,8 @@ MODELLED_MOE_OVERLAP = (
     "alt_stream) at <= DUAL_STREAM_TOKEN_THRESHOLD = 1024 tokens (python/sglang/srt/models/"
     "deepseek_v2.py); TensorRT-LLM: DeepseekV3MoE computes shared and routed outputs through "
     "maybe_execute_in_parallel on aux_stream (tensorrt_llm/_torch/models/modeling_deepseekv3.py), "
-    "multi-stream in CUDA-graph (decode) steps (tensorrt_llm/_torch/modules/multi_stream_utils.py). "
+    "multi-stream in CUDA-graph (decode) steps (tensorrt_llm/_torch/modules/multi_stream_utils.py); "
+    "not for SGLang with expert-parallel experts (forward_deepep: shared experts first) nor vLLM. "
     "On 8 x H200, SGLang, DeepSeek-V3 TP 8: 1.3 ms less a step at 4 tokens (7.43 -> 6.13 ms), 1.1 ms "
     "at 64; above 1024 tokens the two groups are summed"
 )

@@ -26,7 +26,10 @@ def test_activation_scales_follow_the_checkpoint_then_the_engine():
     assert fp8_activation_scales("vllm", {}) == "dynamic"  # --quantization fp8 of a bf16 checkpoint
     assert fp8_activation_scales("sglang", {}) == "dynamic"
     assert fp8_activation_scales("vllm", {"quantization_config": {"activation_scheme": "static"}}) == "static"
-    assert fp8_activation_scales("trtllm", {"quantization_config": {"activation_scheme": "dynamic"}}) == "dynamic"
+    assert (
+        fp8_activation_scales("trtllm", {"quantization_config": {"activation_scheme": "dynamic"}})
+        == "dynamic"
+    )
 
 
 def _compute_scale_ms(m: int, k: int) -> float:
@@ -34,7 +37,9 @@ def _compute_scale_ms(m: int, k: int) -> float:
 
     import pandas as pd
 
-    root = Path(str(res.files("aiconfigurator_core"))) / "systems" / "data" / "h100_sxm" / "quantize" / "trtllm"
+    root = (
+        Path(str(res.files("aiconfigurator_core"))) / "systems" / "data" / "h100_sxm" / "quantize" / "trtllm"
+    )
     rows = pd.read_parquet(root / "1.3.0rc20" / "computescale_perf.parquet")
     hit = rows[(rows.m == m) & (rows.k == k)]
     assert len(hit) == 1

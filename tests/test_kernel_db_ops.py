@@ -31,9 +31,13 @@ def test_both_attention_operators_of_gpt_oss_are_attention_and_the_lm_head_is_pe
     gen = spec_op_names(oss.handle.evaluate_generation_ops)
     assert ctx.count("context_attention") == 2 and gen.count("generation_attention") == 2
     # prefill: a 1,024-token chunk over 1,024 cached tokens holds both attention operators
-    want, n = _direct(oss.handle.evaluate_context_ops, ctx, "context_attention", batch_size=1, s=1024, prefix=1024)
+    want, n = _direct(
+        oss.handle.evaluate_context_ops, ctx, "context_attention", batch_size=1, s=1024, prefix=1024
+    )
     assert n == 2
-    assert sum(op.seconds for op in oss.prefill_attn_ops(1024, 1024).values()) == pytest.approx(want, rel=1e-9)
+    assert sum(op.seconds for op in oss.prefill_attn_ops(1024, 1024).values()) == pytest.approx(
+        want, rel=1e-9
+    )
     # decode: 8 sequences at 2,000 keys (no DRAM floor at this size), both operators
     want, _ = _direct(oss.handle.evaluate_generation_ops, gen, "generation_attention", batch_size=8, s=2001)
     got = oss.decode_attn_ops(8, 2000, floor=False)
@@ -42,7 +46,9 @@ def test_both_attention_operators_of_gpt_oss_are_attention_and_the_lm_head_is_pe
     assert "attention" not in oss.linear_ops(8)
     head, _ = _direct(oss.handle.evaluate_generation_ops, gen, "generation_logits_gemm", batch_size=8, s=1)
     per_seq = oss.per_seq_ops(8)
-    assert list(per_seq) == ["logits_gemm"] and per_seq["logits_gemm"].seconds == pytest.approx(head, rel=1e-9)
+    assert list(per_seq) == ["logits_gemm"] and per_seq["logits_gemm"].seconds == pytest.approx(
+        head, rel=1e-9
+    )
     assert head > 1e-4  # 0.32 ms at 8 sequences: not the 0 ms of the combine
 
 
@@ -63,13 +69,17 @@ def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_1024_tokens():
     from calib.sources.kernel_db import resolve_model, spec_op_names
     from calib.sources.kernel_db_moe import MOE_OVERLAP_MAX_TOKENS, Layout, MoeKernelDb
 
-    db = MoeKernelDb(resolve_model("deepseek-ai/DeepSeek-V3"), "h200", Layout(8, 1, False), engine="sglang",
-                     dtype="fp8")
+    db = MoeKernelDb(
+        resolve_model("deepseek-ai/DeepSeek-V3"), "h200", Layout(8, 1, False), engine="sglang", dtype="fp8"
+    )
     gen = spec_op_names(db.handle.evaluate_generation_ops)
     assert "generation_moe_overlap" in gen
     small = db.linear_ops(4)
     assert "moe_overlap" in small and "shared_gate_up_gemm" not in small
-    overlap = db.handle.evaluate_generation_ops([gen.index("generation_moe_overlap")], batch_size=4, s=1)[0][1] * 1e-3
+    overlap = (
+        db.handle.evaluate_generation_ops([gen.index("generation_moe_overlap")], batch_size=4, s=1)[0][1]
+        * 1e-3
+    )
     assert small["moe_overlap"].seconds == pytest.approx(overlap, rel=1e-9)
     serial = db._ops(db.handle.evaluate_context_ops(db._linear, batch_size=1, s=4))
     moe_block = sum(op.seconds for n, op in serial.items() if n.startswith(("shared_", "router", "moe")))
@@ -77,6 +87,7 @@ def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_1024_tokens():
     big = db.linear_ops(MOE_OVERLAP_MAX_TOKENS + 1)
     assert "moe" in big and "moe_overlap" not in big
     # SGLang with expert-parallel experts runs forward_deepep: shared experts first, no overlap
-    wide = MoeKernelDb(resolve_model("deepseek-ai/DeepSeek-V3"), "h200", Layout(1, 8, True), engine="sglang",
-                       dtype="fp8")
+    wide = MoeKernelDb(
+        resolve_model("deepseek-ai/DeepSeek-V3"), "h200", Layout(1, 8, True), engine="sglang", dtype="fp8"
+    )
     assert not wide.overlaps_shared_experts and "moe" in wide.linear_ops(4)

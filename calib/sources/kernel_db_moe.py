@@ -172,8 +172,11 @@ class MoeKernelDb(KernelDb):
 
             names = spec_op_names(self.handle.evaluate_generation_ops)
             overlap = self.overlaps_shared_experts and any(n.endswith("moe_overlap") for n in names)
-            self._gen_linear_idx = [i for i, n in enumerate(names) if not self.is_attention_op(n)
-                                    and "logits" not in n] if overlap else []
+            self._gen_linear_idx = (
+                [i for i, n in enumerate(names) if not self.is_attention_op(n) and "logits" not in n]
+                if overlap
+                else []
+            )
         return self._gen_linear_idx
 
     def _check_shape(self) -> None:

@@ -687,7 +687,7 @@ class SpecAcceptance(BaseModel):
 
 
 class Speculative(BaseModel):
-    """Speculative decoding on a policy entry (vllm-v1): a drafter proposes, the target verifies."""
+    """Speculative decoding on a policy entry (vllm-v1, sglang, trtllm): a drafter proposes, the target verifies."""
 
     model_config = _cfg()
 
@@ -696,7 +696,8 @@ class Speculative(BaseModel):
                     "head on the target's hidden states), mtp (the model's multi-token-prediction layer), "
                     "draft (a smaller model, draft_model)")
     num_speculative_tokens: int = Field(gt=0, le=MAX_SPEC_TOKENS, description="draft tokens proposed per "
-                                        "request and step, k (required; vLLM's num_speculative_tokens)")
+                                        "request and step, k (required; vLLM's num_speculative_tokens, SGLang's "
+                                        "speculative_num_steps, TensorRT-LLM's max_draft_len)")
     acceptance: SpecAcceptance = Field(description="acceptance of the drafts (required): rate, "
                                                    "per_position or mean_length")
     draft_model: str | None = Field(
@@ -743,8 +744,8 @@ class PolicyEntry(BaseModel):
 
     name: str = Field(description="policy id (required): a key of policies.registry.POLICIES")
     label: str | None = Field(None, description="the name in results and plots; default: name; unique")
-    speculative: Speculative | None = Field(None, description="speculative decoding (vllm-v1 only): "
-                                            "method, num_speculative_tokens, acceptance; null: none")
+    speculative: Speculative | None = Field(None, description="speculative decoding (vllm-v1, sglang, "
+                                            "trtllm): method, num_speculative_tokens, acceptance; null: none")
 
     @model_validator(mode="after")
     def _check(self) -> PolicyEntry:
@@ -757,6 +758,10 @@ class PolicyEntry(BaseModel):
             supported = [n for n, c in registry.items() if getattr(c, "supports_speculation", False)]
             raise KeyedError("speculative", f"policy {self.name!r} does not model speculative decoding; "
                                             f"drop the key or use {', '.join(supported)}")
+        methods = getattr(cls, "speculative_methods", SPEC_METHODS)
+        if self.speculative is not None and self.speculative.method not in methods:
+            raise KeyedError("speculative.method", f"policy {self.name!r} has no {self.speculative.method!r} "
+                                                   f"drafter; it supports {', '.join(methods)}")
         knobs = getattr(cls, "KNOBS", {})
         for key, value in (self.__pydantic_extra__ or {}).items():
             if key not in knobs:

@@ -469,6 +469,10 @@ class SglangPolicy(Policy):
         """``check_decode_mem``: evict for the next decode's new pages (times the speculative
         buffer multiplier), then see if they fit."""
         need = self._decode_need(reqs) * self.spec_buf
+        if self.num_speculative_tokens and self.page > 1:
+            # cbsim: at least the verify's own pages (SGLang counts requests at a page boundary
+            # only, which k + 1 tokens can cross without being at one)
+            need = max(need, sum(g[3] - g[1].alloc for g in self._verify_growth(reqs) if g[3] > g[1].alloc))
         cache = self.cache
         if cache.free < need:
             cache.evict(need)
@@ -509,14 +513,8 @@ class SglangPolicy(Policy):
     def _run_verify(self, plan: StepPlan) -> list[Request]:
         """A speculative decode batch: each request verifies its drafts, ``k + 1`` slots each
         (``prepare_for_verify``), fewer only at the context length."""
-        cache, k, max_len = self.cache, self.num_speculative_tokens, self.limits.max_model_len
-        spec = plan.spec_tokens
-        grow = []
-        for r in self.running:
-            d = min(k, max_len - 1 - r.num_tokens)
-            d = d if d > 0 else 0
-            st = self._state[r]
-            grow.append((r, st, d, cache.ceil_page(r.num_computed_tokens + 1 + d)))
+        cache, spec = self.cache, plan.spec_tokens
+        grow = self._verify_growth(self.running)
         need = sum(max(a - st.alloc, 0) for _r, st, _d, a in grow)
         if not cache.alloc(need):
             raise AssertionError("sglang: a checked verify batch did not fit")
@@ -527,6 +525,16 @@ class SglangPolicy(Policy):
             spec.append(d)
             r.num_computed_tokens += 1 + d
         return list(self.running)
+
+    def _verify_growth(self, reqs: list[Request]) -> list[tuple[Request, _ReqKV, int, int]]:
+        """(request, its KV, drafts, slots it holds after the verify's allocation) per request."""
+        cache, k, max_len = self.cache, self.num_speculative_tokens, self.limits.max_model_len
+        out = []
+        for r in reqs:
+            d = min(k, max_len - 1 - r.num_tokens)
+            d = d if d > 0 else 0
+            out.append((r, self._state[r], d, cache.ceil_page(r.num_computed_tokens + 1 + d)))
+        return out
 
     def _retract(self, plan: StepPlan) -> None:
         running = self.running

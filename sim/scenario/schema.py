@@ -759,7 +759,7 @@ class PolicyEntry(BaseModel):
             raise KeyedError("speculative", f"policy {self.name!r} does not model speculative decoding; "
                                             f"drop the key or use {', '.join(supported)}")
         methods = getattr(cls, "speculative_methods", SPEC_METHODS)
-        if self.speculative is not None and self.speculative.method not in methods:
+        if isinstance(self.speculative, Speculative) and self.speculative.method not in methods:
             raise KeyedError("speculative.method", f"policy {self.name!r} has no {self.speculative.method!r} "
                                                    f"drafter; it supports {', '.join(methods)}")
         knobs = getattr(cls, "KNOBS", {})

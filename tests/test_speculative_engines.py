@@ -312,3 +312,63 @@ def test_property_speculation_conserves_tokens_and_blocks(name, data):
     assert (steps["spec_accepted"] <= steps["spec_proposed"]).all()
     assert pol.kv_blocks_used() == 0
     assert pol.kv_tokens_reserved_and_used() == (0, 0)
+
+
+# --- the drafter priced from a kernel-database table of its own shapes ----------------------------------
+HEAD_TABLE = "kernel-db-llama-3-8b-eagle3-head-h100-sxm-tp1"
+
+
+def _head_cost():
+    from pathlib import Path
+
+    from sim.hardware.gpus import get_gpu
+    from sim.hardware.models import get_model
+    from sim.latency.table import TableLatency
+    from sim.speculative.draft_cost import DraftCost
+
+    target, gpu = get_model("llama-3-8b"), get_gpu("h100-sxm")
+    cost = DraftCost("eagle3", 3, target, gpu, 1, 16)
+    path = Path(__file__).resolve().parents[1] / "calib/tables" / HEAD_TABLE
+    cost.use_table(TableLatency.from_path(path, cost.spec, gpu, 1, 16))
+    return cost
+
+
+def test_the_drafter_on_its_kernel_db_table_is_the_sum_of_the_tables_rows():
+    """An EAGLE-3 head (k = 3) proposing for 8 requests after a verify step at context 700: one
+    pass over the step's 32 rows (decode rows of context 700), then two one-token passes at
+    contexts 704 and 705, each linear + per_seq + decode_attn of the head's table, plus the input
+    projection on the roofline; no overhead, step gap or engine CPU time of its own."""
+    from calib.sources.kernel_db import interp
+    from sim.latency.base import step_shape
+    from tests.test_speculative import _decode_plan
+
+    cost = _head_cost()
+    t = cost.table.table
+    assert t.metadata["model"]["num_layers"] == 1 and t.metadata["model"]["vocab_size"] == 32000
+    plan = _decode_plan(8, 700, 3)
+    shape = step_shape(plan)
+    shape.spec_tokens = 24
+    got = cost.price(plan, shape)[0]
+    first = interp(t, "linear", 32) + interp(t, "per_seq", 8) + interp(t, "decode_attn", 8, 700)
+    later = sum(interp(t, "linear", 8) + interp(t, "per_seq", 8) + interp(t, "decode_attn", 8, 704 + j)
+                for j in range(2))
+    roof = cost.roof
+    fc = max(cost._fc_flops * 32 / roof.linear_rate, (cost._fc_bytes + cost._fc_act * 32) / roof.memory_rate)
+    assert got == pytest.approx(first + later + fc, rel=1e-9)
+    assert interp(t, "engine_cpu", 8) > 0  # the table has one; the drafter does not pay it
+
+
+def test_draft_table_is_refused_off_the_table_backend_and_for_ngram():
+    import sim
+
+    base = {**TINY_SCENARIO, "model": "llama-3-8b", "hardware": {"gpu": "h100-sxm"}}
+    section = {"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"rate": 0.8},
+               "draft_table": HEAD_TABLE}
+    scn = load_scenario({**base, "latency": {"backend": "roofline"},
+                         "policies": [{"name": "vllm-v1", "speculative": section}]})
+    from sim.errors import CbsimError
+
+    with pytest.raises(CbsimError, match="speculative.draft_table prices the drafter on latency.backend table"):
+        sim.run(scn)
+    with pytest.raises(ScenarioError, match="method ngram runs no model to price"):
+        load_scenario({**base, "policies": [{"name": "vllm-v1", "speculative": {**section, "method": "ngram"}}]})

@@ -709,6 +709,10 @@ class Speculative(BaseModel):
     propose_s_per_request: float | None = Field(None, ge=0, description="ngram: CPU seconds of the n-gram "
                                                 "search per proposing request and step; null: 1e-05 (an "
                                                 "assumption)")
+    draft_table: str | None = Field(None, description="latency.backend table: a latency table (a folder, "
+                                    "or a shipped table's name) of the drafter's own shapes (cbsim calibrate "
+                                    "--from-kernel-db --draft eagle3, or the draft model's table) that prices "
+                                    "its passes; null: the roofline")
 
     @model_validator(mode="after")
     def _check(self) -> Speculative:
@@ -732,6 +736,8 @@ class Speculative(BaseModel):
                 raise KeyedError("draft_model", str(exc)) from None
         if self.draft_vocab_size is not None and self.method not in ("eagle", "eagle3"):
             raise KeyedError("draft_vocab_size", f"only used by methods eagle and eagle3, not {self.method!r}")
+        if self.draft_table is not None and self.method == "ngram":
+            raise KeyedError("draft_table", "method ngram runs no model to price; drop draft_table")
         if self.propose_s_per_request is not None and self.method != "ngram":
             raise KeyedError("propose_s_per_request", f"only used by method ngram, not {self.method!r}")
         return self

@@ -148,5 +148,21 @@ def speculation_for(dep, entry) -> Speculation | None:
             compute_efficiency=getattr(lat, "compute_efficiency", None),
             memory_efficiency=getattr(lat, "memory_efficiency", None),
         )
+    if cfg.draft_table is not None:
+        if scn.latency.backend != "table":
+            from sim.errors import CbsimError
+
+            raise CbsimError(f"speculative.draft_table prices the drafter on latency.backend table, not "
+                             f"{scn.latency.backend!r}; drop draft_table (the {scn.latency.backend} backend prices "
+                             f"the drafter from its spec) or use latency.backend: table")
+        from pathlib import Path
+
+        from sim.latency.shipped import shipped_table_names, shipped_table_path
+        from sim.latency.table import TableLatency
+
+        path = cfg.draft_table
+        if not Path(path).exists() and path in shipped_table_names():  # a shipped table by name
+            path = shipped_table_path(path, "speculative.draft_table")
+        draft.use_table(TableLatency.from_path(path, draft.spec, dep.gpu, dep.tensor_parallel, dep.block_size))
     return Speculation(cfg, Acceptance(rates, scn.seed), draft, entry.name,
                        entry.knobs() if hasattr(entry, "knobs") else {})

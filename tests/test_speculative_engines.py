@@ -372,3 +372,16 @@ def test_draft_table_is_refused_off_the_table_backend_and_for_ngram():
         sim.run(scn)
     with pytest.raises(ScenarioError, match="method ngram runs no model to price"):
         load_scenario({**base, "policies": [{"name": "vllm-v1", "speculative": {**section, "method": "ngram"}}]})
+
+
+def test_the_head_to_compose_is_one_layer_of_the_targets_width_and_bad_draft_flags_are_one_line():
+    from calib.sources.kernel_db import draft_source, resolve_model
+    from sim.errors import CbsimError
+
+    head = draft_source(resolve_model("llama-3-8b"), "eagle3")
+    assert head.config["num_hidden_layers"] == 1 and head.config["vocab_size"] == 32000
+    assert head.config["hidden_size"] == 4096 and head.config["intermediate_size"] == 14336
+    with pytest.raises(CbsimError, match="--draft 'mtp' is not one of eagle, eagle3"):
+        draft_source(resolve_model("llama-3-8b"), "mtp")
+    with pytest.raises(CbsimError, match="heads of MoE/MLA models"):
+        draft_source(resolve_model("mistralai/Mixtral-8x7B-v0.1"), "eagle3")

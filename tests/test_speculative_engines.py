@@ -245,6 +245,12 @@ def test_sglang_resets_an_unset_running_cap_to_48_and_the_drafter_shares_the_poo
 
 # --- conservation on random workloads, through the engine ---------------------------------------------
 def _engine_knobs(name):
+    if name == "vllm-v1":
+        return st.fixed_dictionaries({
+            "long_prefill_token_threshold": st.sampled_from([0, 7]),
+            "enable_prefix_caching": st.booleans(),
+            "enable_chunked_prefill": st.booleans(),
+        })
     if name == "sglang":
         return st.fixed_dictionaries({
             "schedule_policy": st.sampled_from(["fcfs", "lpm", "lof"]),
@@ -270,6 +276,9 @@ def _per_step_check(name, limits):
         if name == "sglang":
             pol.check_invariants()
             assert len(plan.scheduled) <= pol.max_running
+        elif name == "vllm-v1":
+            assert plan.total_tokens <= limits.max_num_batched_tokens
+            pol.kv.pool.check_invariants()
         else:
             assert plan.total_tokens <= limits.max_num_batched_tokens
             pol.kv.pool.check_invariants()
@@ -278,7 +287,7 @@ def _per_step_check(name, limits):
     return check
 
 
-@pytest.mark.parametrize("name", ENGINES)
+@pytest.mark.parametrize("name", [*ENGINES, "vllm-v1"])
 @examples(ci=40)
 @given(data=st.data())
 def test_property_speculation_conserves_tokens_and_blocks(name, data):

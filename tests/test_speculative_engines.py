@@ -8,7 +8,9 @@ decode memory check asks for ``num_draft_tokens + topk · num_steps`` slots per 
 TensorRT-LLM counts ``1 + k`` per generation request against ``max_num_tokens`` and the first
 that overflows stops the pass, and it cuts the drafts to the request's max_tokens reservation.
 Conservation: every token emitted once, rejected slots freed (SGLang) or overwritten (TRT-LLM),
-no block leaked, on random workloads through the engine. Methods an engine lacks are refused.
+no block leaked, on random workloads through the engine (vLLM V1 too). Methods an engine lacks are
+refused. The drafter priced from a kernel-database table of its own shapes equals the sum of that
+table's rows.
 """
 
 from __future__ import annotations
@@ -145,9 +147,11 @@ def test_sglang_decode_memory_check_asks_for_num_draft_tokens_plus_the_draft_ste
     assert pol.num_retractions == 1
 
 
-def test_sglang_speculation_turns_mixed_chunk_off():
+def test_sglang_speculation_turns_mixed_chunk_off_and_sizes_the_buffer_by_drafter():
     pol = make("sglang", enable_mixed_chunk=True)
     assert pol.mixed is False
+    assert pol.spec_buf == (3 + 1) + 1 * 3  # EAGLE chain: num_draft_tokens + topk · num_steps
+    assert make("sglang", lookahead=0).spec_buf == (3 + 1) + 1  # NGRAM: steps and top-k unset (1)
 
 
 # --- TensorRT-LLM: 1 + k per generation request against max_num_tokens, drafts within max_tokens ------

@@ -173,3 +173,55 @@ def test_bad_hicache_knobs_are_errors_naming_the_knob():
         make_policy("sglang", limits(), enable_hierarchical_cache=True, hicache_write_policy="write_around")
     with pytest.raises(ValueError, match="needs the radix cache"):
         make_policy("sglang", limits(), enable_hierarchical_cache=True, disable_radix_cache=True)
+
+
+# --- random workloads through the shared policy invariants (tests/policy_invariants.py) --------------
+def _hicache_draw(data):
+    import dataclasses
+
+    from hypothesis import reject
+    from hypothesis import strategies as st
+
+    from tests.test_property_policies import knobs_st, limits_st, workload_st
+
+    limits = dataclasses.replace(data.draw(limits_st(), label="limits"), kv_host_link=LINK)
+    knobs = {**data.draw(knobs_st("sglang"), label="knobs"), "disable_radix_cache": False,
+             "enable_hierarchical_cache": True,
+             "hicache_write_policy": data.draw(st.sampled_from(["write_through", "write_through_selective",
+                                                                "write_back"]), label="write policy"),
+             "hicache_ratio": data.draw(st.sampled_from([1.5, 2.0, 4.0]), label="ratio")}
+    try:
+        make_policy("sglang", limits, **knobs)
+    except ValueError:  # a pool too small for SGLang to allow a larger host pool
+        reject()
+    return limits, knobs, data.draw(workload_st(), label="requests")
+
+
+def test_property_hicache_keeps_the_policy_invariants_on_random_workloads():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from tests.fuzz_profiles import examples
+    from tests.test_property_policies import _check_policy
+
+    @examples(ci=120)
+    @given(data=st.data())
+    def run(data):
+        _check_policy("sglang", *_hicache_draw(data))
+
+    run()
+
+
+def test_property_hicache_engine_runs_are_exact_under_the_fast_forward():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from tests.fuzz_profiles import examples
+    from tests.test_property_policies import _simulate_checked
+
+    @examples(ci=30)
+    @given(data=st.data())
+    def run(data):
+        _simulate_checked("sglang", *_hicache_draw(data))
+
+    run()

@@ -36,12 +36,20 @@ from sim.workload.request_spec import RequestSpec
 from tests.helpers import FAKE_GPU, FAKE_MODEL
 
 STEP = 0.25
-LINK = HostLink(rank_token_bytes=2**16, token_bytes=2**16, link_bps=float(2**26), layers=4)  # 1/1024 s a token
+LINK = HostLink(
+    rank_token_bytes=2**16, token_bytes=2**16, link_bps=float(2**26), layers=4
+)  # 1/1024 s a token
 
 
 def limits(gpu_tokens: int = 640) -> EngineLimits:
-    return EngineLimits(block_size=16, num_gpu_blocks=gpu_tokens // 16, max_num_seqs=64, max_num_batched_tokens=4096,
-                        max_model_len=4096, kv_host_link=LINK)
+    return EngineLimits(
+        block_size=16,
+        num_gpu_blocks=gpu_tokens // 16,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        max_model_len=4096,
+        kv_host_link=LINK,
+    )
 
 
 def session_specs() -> list[RequestSpec]:
@@ -63,8 +71,9 @@ def simulate(specs, lim=None, fast_forward=True, check=False, **knobs):
             pol.check_invariants()
 
         pol.finish_step = checked
-    sim = Simulation(specs, [(pol, ConstantLatency(STEP, FAKE_MODEL, FAKE_GPU, 1, 16))], 4096,
-                     fast_forward=fast_forward)
+    sim = Simulation(
+        specs, [(pol, ConstantLatency(STEP, FAKE_MODEL, FAKE_GPU, 1, 16))], 4096, fast_forward=fast_forward
+    )
     rec = sim.run()
     return rec.requests_frame().set_index("id"), rec.steps_frame(), pol
 
@@ -77,12 +86,15 @@ def prefill_at(steps, at: float) -> int:
 H = 1 / 1024  # seconds per token over the host link
 
 
-@pytest.mark.parametrize("policy,loaded,flush_ttft,ttft", [
-    (None, 0, STEP, STEP),
-    ("write_through", 559, STEP, 559 * H + STEP / 4),
-    ("write_through_selective", 552, STEP, 552 * H + STEP / 4),
-    ("write_back", 559, STEP + 559 * H, 639 * H + 559 * H + STEP / 4),
-])
+@pytest.mark.parametrize(
+    "policy,loaded,flush_ttft,ttft",
+    [
+        (None, 0, STEP, STEP),
+        ("write_through", 559, STEP, 559 * H + STEP / 4),
+        ("write_through_selective", 552, STEP, 552 * H + STEP / 4),
+        ("write_back", 559, STEP + 559 * H, 639 * H + 559 * H + STEP / 4),
+    ],
+)
 def test_two_turns_with_the_gpu_flushed_between_them(policy, loaded, flush_ttft, ttft):
     knobs = {} if policy is None else {"enable_hierarchical_cache": True, "hicache_write_policy": policy}
     req, steps, pol = simulate(session_specs(), check=True, **knobs)
@@ -128,8 +140,17 @@ def random_sessions(rng: random.Random) -> list[RequestSpec]:
             history.append((("user", s, k), rng.randint(1, 120)))
             runs = tuple(r for r in history if r[1] > 0)
             out = rng.randint(1, 40)
-            specs.append(RequestSpec(f"s{s}t{k}", t + 3.0 * k, sum(n for _, n in runs), out, out, prompt_runs=runs,
-                                     output_key=("answer", s, k)))
+            specs.append(
+                RequestSpec(
+                    f"s{s}t{k}",
+                    t + 3.0 * k,
+                    sum(n for _, n in runs),
+                    out,
+                    out,
+                    prompt_runs=runs,
+                    output_key=("answer", s, k),
+                )
+            )
             history.append((("answer", s, k), out))
     specs.sort(key=lambda x: x.arrival_s)
     return specs
@@ -143,9 +164,12 @@ def test_every_node_is_in_a_tier_and_every_token_counted_with_random_sessions(se
     ones, and the host pool's are the host copies' (within capacity)."""
     rng = random.Random(seed)
     gpu = rng.choice([896, 960, 1024])  # the longest session (800 + 40 tokens) fits
-    knobs = {"enable_hierarchical_cache": True, "hicache_write_policy": rng.choice(
-        ["write_through", "write_through_selective", "write_back"]), "hicache_ratio": rng.choice([1.1, 1.5, 3.0]),
-        "page_size": rng.choice([1, 16])}
+    knobs = {
+        "enable_hierarchical_cache": True,
+        "hicache_write_policy": rng.choice(["write_through", "write_through_selective", "write_back"]),
+        "hicache_ratio": rng.choice([1.1, 1.5, 3.0]),
+        "page_size": rng.choice([1, 16]),
+    }
     req, steps, pol = simulate(random_sessions(rng), lim=limits(gpu), check=True, **knobs)
     assert (req["state"] == "finished").all()
     cache: HiRadixCache = pol.cache
@@ -163,8 +187,9 @@ def test_the_fast_forward_stays_exact_with_hicache_on(policy, seed):
     a = simulate(specs, lim=limits(640), fast_forward=True, **knobs)
     b = simulate(specs, lim=limits(640), fast_forward=False, **knobs)
     pd.testing.assert_frame_equal(a[1], b[1], check_exact=True)
-    pd.testing.assert_frame_equal(a[0].drop(columns="token_times_s"), b[0].drop(columns="token_times_s"),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        a[0].drop(columns="token_times_s"), b[0].drop(columns="token_times_s"), check_exact=True
+    )
     assert a[0]["tier_hit_tokens"].sum() > 0  # the host tier was used
 
 
@@ -185,11 +210,15 @@ def _hicache_draw(data):
     from tests.test_property_policies import knobs_st, limits_st, workload_st
 
     limits = dataclasses.replace(data.draw(limits_st(), label="limits"), kv_host_link=LINK)
-    knobs = {**data.draw(knobs_st("sglang"), label="knobs"), "disable_radix_cache": False,
-             "enable_hierarchical_cache": True,
-             "hicache_write_policy": data.draw(st.sampled_from(["write_through", "write_through_selective",
-                                                                "write_back"]), label="write policy"),
-             "hicache_ratio": data.draw(st.sampled_from([1.5, 2.0, 4.0]), label="ratio")}
+    knobs = {
+        **data.draw(knobs_st("sglang"), label="knobs"),
+        "disable_radix_cache": False,
+        "enable_hierarchical_cache": True,
+        "hicache_write_policy": data.draw(
+            st.sampled_from(["write_through", "write_through_selective", "write_back"]), label="write policy"
+        ),
+        "hicache_ratio": data.draw(st.sampled_from([1.5, 2.0, 4.0]), label="ratio"),
+    }
     try:
         make_policy("sglang", limits, **knobs)
     except ValueError:  # a pool too small for SGLang to allow a larger host pool

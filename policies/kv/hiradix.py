@@ -87,7 +87,9 @@ def layerwise_overlap(compute_s: float, load_s: float, layers: int) -> float:
     return max(load_s + compute_s / n, load_s / n + compute_s)
 
 
-def host_pool_tokens(device_tokens: int, page_size: int, ratio: float, size_gb: float, rank_token_bytes: float) -> int:
+def host_pool_tokens(
+    device_tokens: int, page_size: int, ratio: float, size_gb: float, rank_token_bytes: float
+) -> int:
     """SGLang's host pool in tokens (``HostKVCache.__init__``), page aligned; ValueError naming the
     knob when it is not larger than the device pool."""
     if size_gb > 0:
@@ -98,8 +100,10 @@ def host_pool_tokens(device_tokens: int, page_size: int, ratio: float, size_gb: 
         what = f"hicache_ratio {ratio:g} gives {size:,} tokens"
     size -= size % page_size
     if size <= device_tokens:
-        raise ValueError(f"sglang {what}, not more than the GPU pool's {device_tokens:,} (SGLang requires the "
-                         f"host pool to be larger); raise it")
+        raise ValueError(
+            f"sglang {what}, not more than the GPU pool's {device_tokens:,} (SGLang requires the "
+            f"host pool to be larger); raise it"
+        )
     return size
 
 
@@ -122,10 +126,18 @@ class HiRadixCache(RadixCache):
     ``write_back_tokens`` accumulates the write-back copies an eviction waited for, for the step
     that caused them to take (:meth:`take_write_back`)."""
 
-    def __init__(self, capacity_tokens: int, host_capacity: int, page_size: int = 1,
-                 write_policy: str = "write_through", token_bytes: float = 0.0) -> None:
+    def __init__(
+        self,
+        capacity_tokens: int,
+        host_capacity: int,
+        page_size: int = 1,
+        write_policy: str = "write_through",
+        token_bytes: float = 0.0,
+    ) -> None:
         if write_policy not in WRITE_POLICIES:
-            raise ValueError(f"sglang hicache_write_policy must be one of {list(WRITE_POLICIES)}, got {write_policy!r}")
+            raise ValueError(
+                f"sglang hicache_write_policy must be one of {list(WRITE_POLICIES)}, got {write_policy!r}"
+            )
         super().__init__(capacity_tokens, page_size, "leaf", True)
         self.root = HiNode((), 0, None, 0)
         self.root.lock_ref = 1
@@ -176,13 +188,23 @@ class HiRadixCache(RadixCache):
 
     def _live(self, entry) -> bool:
         t, _uid, node = entry
-        return (node.device and not node.lock_ref and node.last_access == t and self._attached(node)
-                and self._device_leaf(node))
+        return (
+            node.device
+            and not node.lock_ref
+            and node.last_access == t
+            and self._attached(node)
+            and self._device_leaf(node)
+        )
 
     def _host_live(self, entry) -> bool:
         t, _uid, node = entry
-        return (not node.device and not node.children and node.last_access == t and self._attached(node)
-                and id(node) not in self._loading)
+        return (
+            not node.device
+            and not node.children
+            and node.last_access == t
+            and self._attached(node)
+            and id(node) not in self._loading
+        )
 
     # --- match and load back ------------------------------------------------------------------------
     def match_tiers(self, seq, limit: int) -> tuple[int, HiNode, int, HiNode]:
@@ -375,13 +397,15 @@ class HiRadixCache(RadixCache):
     def report(self, block_size: int) -> dict:
         """The summary's ``kv_tiers`` row of the host tier (as :meth:`policies.kv.tiers.TierStore.report`)."""
         token_bytes = self.token_bytes
-        return {"host": {
-            "hit_tokens": self.loaded_tokens,
-            "bytes_written": int(self.written_tokens * token_bytes),
-            "bytes_read": int(self.loaded_tokens * token_bytes),
-            "blocks_held": self.host_size // block_size,
-            "capacity_blocks": self.host_capacity // block_size,
-        }}
+        return {
+            "host": {
+                "hit_tokens": self.loaded_tokens,
+                "bytes_written": int(self.written_tokens * token_bytes),
+                "bytes_read": int(self.loaded_tokens * token_bytes),
+                "blocks_held": self.host_size // block_size,
+                "capacity_blocks": self.host_capacity // block_size,
+            }
+        }
 
     def take_write_back(self) -> int:
         """The write-back tokens copied since the last call (the step that waited for them)."""
@@ -402,7 +426,9 @@ class HiRadixCache(RadixCache):
             assert self._attached(node), f"{node}: not its parent's child"
             assert node.device or node.host, f"{node}: in no tier"
             if node.device:
-                assert node.parent is self.root or node.parent.device, f"{node}: on the GPU below a host-only node"
+                assert node.parent is self.root or node.parent.device, (
+                    f"{node}: on the GPU below a host-only node"
+                )
                 tree += node.length
                 if node.lock_ref == 0:
                     evictable += node.length
@@ -418,4 +444,3 @@ class HiRadixCache(RadixCache):
         assert evictable == self.evictable_size, f"evictable {self.evictable_size} but {evictable}"
         assert host == self.host_size <= self.host_capacity, f"host {self.host_size} vs nodes {host}"
         assert 0 <= self.private and self.free >= 0, f"private {self.private}, free {self.free}"
-

@@ -10,7 +10,13 @@ closed-loop concurrencies.
 
 from __future__ import annotations
 
-TIER_KNOBS = ("kv_offload", "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy")
+TIER_KNOBS = (
+    "kv_offload",
+    "enable_hierarchical_cache",
+    "hicache_ratio",
+    "hicache_size",
+    "hicache_write_policy",
+)
 
 
 def tiers_on(scn, entry, knobs: dict) -> bool:
@@ -49,13 +55,23 @@ def tier_gains(scn, results: dict) -> list[dict]:
             continue
         key = "concurrency" if a.concurrency is not None else "rate_rps"
         x, y = getattr(a, key), getattr(b, key)
-        out.append({"with": on, "without": off, "metric": key, "with_value": x, "without_value": y,
-                    "gain": (x / y) if y else None})
+        out.append(
+            {
+                "with": on,
+                "without": off,
+                "metric": key,
+                "with_value": x,
+                "without_value": y,
+                "gain": (x / y) if y else None,
+            }
+        )
     return out
 
 
 def gain_line(g: dict, sessions: bool) -> str:
     unit = "clients" if g["metric"] == "concurrency" else ("sessions/s" if sessions else "req/s")
     ratio = "unbounded" if g["gain"] is None else f"{g['gain']:.2f}x"
-    return (f"KV tiers: {g['with']} sustains {ratio} the capacity of {g['without']} "
-            f"({g['with_value']:.4g} vs {g['without_value']:.4g} {unit})")
+    return (
+        f"KV tiers: {g['with']} sustains {ratio} the capacity of {g['without']} "
+        f"({g['with_value']:.4g} vs {g['without_value']:.4g} {unit})"
+    )

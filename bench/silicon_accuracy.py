@@ -84,7 +84,7 @@ SEND_GAP_MS = 1.0
 #   high end (docs/accuracy-corpus.md: how many rows lie between the two).
 # Which client AIConfigurator's collector used and whether it warmed up is not in the CSV (its
 # ``silicon_data_source`` names a db dump and a workflow run only).
-PHASES = ("spread", "wave", "warm")
+PHASES = ("spread", "random", "wave", "warm")
 PHASE = "spread"
 
 
@@ -318,8 +318,9 @@ def simulate(args) -> Result:
     ``wave``: first sends ``send_gap_s`` apart, mean over all requests (the opening wave included).
     ``warm``: the same run, mean over the requests after the opening wave (the first N sends).
     ``spread``: a pilot ``wave`` run gives the mean E2E of a request after the opening wave; the
-    clients' first sends are then spread uniformly over that one cycle (``ramp_s`` = E2E) and the
-    means are over the requests sent after the ramp (module docstring: why this is the default).
+    clients' first sends are then spread evenly over that one cycle (``ramp_s`` = E2E, ``start:
+    even``) and the means are over the requests sent after the ramp. ``random``: the same, each
+    client's first send a seeded uniform draw over the cycle (``start: random``; :data:`PHASE`).
     """
     row, table, rounds, send_gap_s, phases = args
     import warnings
@@ -334,13 +335,14 @@ def simulate(args) -> Result:
             warnings.simplefilter("ignore")
             pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
-            if "spread" in phases:
-                e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
-                sc = scenario_of(row, table, rounds + 1, 0.0)
-                sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
-                spread = sim.run(sc).requests
-                out["spread"] = _means(spread, after_s=e2e)
-                res.extra["ramp_s"] = e2e
+            e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
+            for phase in ("spread", "random"):
+                if phase in phases:
+                    sc = scenario_of(row, table, rounds + 1, 0.0)
+                    sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
+                    sc["workload"]["arrival"]["start"] = "even" if phase == "spread" else "random"
+                    out[phase] = _means(sim.run(sc).requests, after_s=e2e)
+                    res.extra["ramp_s"] = e2e
         res.sim_ttft_ms, res.sim_tpot_ms = out[phases[0]]
         res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
         res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
@@ -417,7 +419,7 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
 
 
 def print_phases(results: list[Result], phases: list[str]) -> None:
-    print("\nper phase variant: median |err| of the mean (TTFT, TPOT)")
+    print("\nper phase variant: median |err| of the mean, TTFT (its median signed error) and TPOT")
     by = defaultdict(list)
     for r in results:
         if not r.error:
@@ -425,9 +427,10 @@ def print_phases(results: list[Result], phases: list[str]) -> None:
     for g, rs in sorted(by.items()):
         cells = []
         for p in phases:
-            t = [abs(r.extra["phases"][p]["ttft_err"]) for r in rs]
+            t = [r.extra["phases"][p]["ttft_err"] for r in rs]
             o = [abs(r.extra["phases"][p]["tpot_err"]) for r in rs]
-            cells.append(f"{p} {quantile(t, 0.5):6.1%} {quantile(o, 0.5):6.1%}")
+            cells.append(f"{p} {quantile([abs(e) for e in t], 0.5):6.1%} ({quantile(t, 0.5):+6.1%}) "
+                         f"{quantile(o, 0.5):5.1%}")
         print(f"{g:40s} " + "   ".join(cells))
 
 

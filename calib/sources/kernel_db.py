@@ -182,6 +182,26 @@ def resolve_model(model: str) -> ModelSource:
     return ModelSource(spec, synthesize_config(spec), f"config.json written from cbsim's model spec {spec.name!r}")
 
 
+DRAFT_HEADS = ("eagle", "eagle3")
+
+
+def draft_source(target: ModelSource, method: str, vocab_size: int | None = None) -> ModelSource:
+    """The EAGLE / EAGLE-3 head of ``target`` as a model AIConfigurator can compile: a one-layer
+    decoder of the target's width with the head's LM head (its config.json written from the
+    spec). The head's input projection is no layer of such a config (the drafter prices it on the
+    roofline)."""
+    from sim.speculative.draft_cost import draft_spec
+
+    if method not in DRAFT_HEADS:
+        raise CbsimError(f"--draft {method!r} is not one of {', '.join(DRAFT_HEADS)}{nearest(method, DRAFT_HEADS)}; "
+                         f"a draft model's table is that model's own (--model DRAFT_MODEL), MTP's the target's layer")
+    if getattr(target.spec, "num_experts", 0) or getattr(target.spec, "is_mla", False):
+        raise CbsimError(f"--draft {method}: heads of MoE/MLA models ({target.spec.name!r}) are not composed; "
+                         f"the drafter stays on the roofline")
+    head = draft_spec(method, target.spec, draft_vocab_size=vocab_size)
+    return ModelSource(head, synthesize_config(head), f"the {method} head of {target.origin}")
+
+
 def synthesize_config(spec) -> dict:
     """A Hugging Face config.json for a cbsim ModelSpec: Llama (dense) or Mixtral (MoE) layout,
     which is all AIConfigurator reads of it (shapes and dtype)."""
@@ -841,14 +861,22 @@ def _bisect(axis, x) -> int:
 
 def build_table(model: str, gpu: str, *, tp: int = 1, dtype: str | None = None, engine: str = "vllm",
                 engine_version: str | None = None, block_size: int = 16, max_num_batched_tokens: int = 16384,
-                max_model_len: int = 32768, max_num_seqs: int = 1024, fp8_scaling: str | None = None) -> Composition:
-    """The whole path of ``cbsim calibrate --from-kernel-db``: resolve, compose, check."""
+                max_model_len: int = 32768, max_num_seqs: int = 1024, fp8_scaling: str | None = None,
+                draft: str | None = None, draft_vocab_size: int | None = None) -> Composition:
+    """The whole path of ``cbsim calibrate --from-kernel-db``: resolve, compose, check.
+
+    ``draft`` (``eagle`` / ``eagle3``): the table of MODEL's speculative-decoding head instead, the
+    shapes ``sim.speculative.draft_cost.draft_spec`` gives it (one decoder layer at MODEL's width,
+    an LM head of ``draft_vocab_size`` rows), so that ``speculative.draft_table`` prices the
+    drafter from the same database's GEMM and attention rows."""
     for name, value in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-model-len", max_model_len),
                         ("--max-num-seqs", max_num_seqs), ("--block-size", block_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CbsimError(f"{name} must be a positive integer, got {value!r}")
     require_aiconfigurator()
     source = resolve_model(model)
+    if draft is not None:
+        source = draft_source(source, draft, draft_vocab_size)
     if dtype is None:  # the checkpoint's own: FP8 for an fp8-quantized config, else bf16
         dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
     db = KernelDb(source, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import silicon_accuracy as sa  # noqa: E402
 
-FIXED_S = (0.0, 1e-3, 2e-3, 4e-3)
+FIXED_S = (0.0, 1e-3, 2e-3, 4e-3, 6e-3, 8e-3, 12e-3, 16e-3)
 PER_SEQ_S = tuple(k * 5e-6 for k in range(0, 17))  # 0 to 80 us per sequence
 
 
@@ -85,8 +85,8 @@ def median_abs(runs: list[dict], fixed_s: float, per_seq_s: float) -> float:
     return float(np.median([abs(tpot_err(r, fixed_s, per_seq_s)) for r in runs]))
 
 
-def choose(runs: list[dict]) -> tuple[float, float]:
-    grid = [(f, p) for f in FIXED_S for p in PER_SEQ_S]
+def choose(runs: list[dict], fixed: tuple[float, ...] = FIXED_S) -> tuple[float, float]:
+    grid = [(f, p) for f in fixed for p in PER_SEQ_S]
     return min(grid, key=lambda fp: (median_abs(runs, *fp), fp[1], fp[0]))
 
 
@@ -95,7 +95,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--cache", type=Path, default=None, help="keep (or reuse) the simulated rows here")
     ap.add_argument("--only", action="append", default=[], help="as bench/silicon_accuracy.py --only")
+    ap.add_argument("--fixed-ms", type=float, action="append", default=None,
+                    help="the per-step fixed parts to try (repeatable; default: 0 to 16 ms)")
     args = ap.parse_args(argv)
+    fixed = tuple(f * 1e-3 for f in args.fixed_ms) if args.fixed_ms else FIXED_S
     t0 = time.perf_counter()
     if args.cache is not None and args.cache.is_file():
         runs = pickle.loads(args.cache.read_bytes())
@@ -117,21 +120,21 @@ def main(argv=None) -> int:
     by = defaultdict(list)
     for r in runs:
         by[r["model"]].append(r)
-    print(f"{len(runs)} SGLang rows, {len(by)} models; grid: fixed {[f * 1e3 for f in FIXED_S]} ms x per sequence "
+    print(f"{len(runs)} SGLang rows, {len(by)} models; grid: fixed {[f * 1e3 for f in fixed]} ms x per sequence "
           f"0-{PER_SEQ_S[-1] * 1e6:.0f} us\n")
     print(f"{'held-out model':42s} {'rows':>4s}  {'chosen on the others':>22s}  {'|TPOT err| med: none':>20s} "
           f"{'chosen':>7s}  {'signed: none':>12s} {'chosen':>7s}")
     ok = True
     for model, held in sorted(by.items()):
         train = [r for m, rs in by.items() if m != model for r in rs]
-        f, p = choose(train)
+        f, p = choose(train, fixed)
         none, chosen = median_abs(held, 0.0, 0.0), median_abs(held, f, p)
         s0 = float(np.median([tpot_err(r, 0.0, 0.0) for r in held]))
         s1 = float(np.median([tpot_err(r, f, p) for r in held]))
         ok &= chosen <= none
         print(f"{model:42s} {len(held):4d}  {f * 1e3:6.1f} ms + {p * 1e6:5.1f} us/seq  {none:20.1%} {chosen:7.1%}  "
               f"{s0:+12.1%} {s1:+7.1%}")
-    f, p = choose(runs)
+    f, p = choose(runs, fixed)
     print(f"\nchosen on all rows: {f * 1e3:.1f} ms + {p * 1e6:.1f} us per sequence; every held-out model "
           f"{'no worse' if ok else 'WORSE on at least one'} than without the term")
     for model, rs in sorted(by.items()):

@@ -19,8 +19,10 @@ request's decode time is re-added on the stretched clock (its first token to its
 loop's own feedback, a slower cycle sending a little later, is left out: the stretched runs are then
 checked by re-running the bench with the chosen figure). For each model held out, the figure is
 chosen on the other models' rows (the grid point with the least median |TPOT error|) and scored on
-the held-out model's rows; the figure used is the one chosen on all rows only if every held-out
-score is no worse than with no term.
+the held-out model's rows; a figure chosen on all rows is worth using only if every held-out score
+is no worse than with no term. ``--fixed-ms`` restricts the per-step fixed part (``--fixed-ms 0``:
+per sequence only, the form ``sim/latency/engine_cpu.py`` uses for SGLang, and why:
+docs/accuracy-corpus.md).
 
     .venv/bin/python bench/sglang_cpu_lomo.py [--workers 2] [--cache runs.pkl]
 """
@@ -48,10 +50,29 @@ FIXED_S = (0.0, 1e-3, 2e-3, 4e-3, 6e-3, 8e-3, 12e-3, 16e-3)
 PER_SEQ_S = tuple(k * 5e-6 for k in range(0, 17))  # 0 to 80 us per sequence
 
 
+def without_cpu(table: str) -> str:
+    """A copy of a kernel-db table without its ``engine_cpu`` component (the runs here are the
+    no-term baseline every candidate stretches), next to it in the bench's cache."""
+    from sim.latency.table_format import read_table, write_table
+
+    out = Path(table + "-no-engine-cpu")
+    if not (out / "metadata.json").is_file():
+        t = read_table(table)
+        t.components.pop("engine_cpu", None)
+        t.metadata.get("grid", {}).pop("engine_cpu", None)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        write_table(tmp, t)
+        tmp.rename(out)
+    return str(out)
+
+
 def simulate_row(args):
-    """One row at the default phase: the measured requests' first-token and finish times, and the steps."""
+    """One row at the default phase, with no CPU term: the measured requests' first-token and finish
+    times, and the steps."""
     row, table = args
     import sim
+
+    table = without_cpu(table)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -127,6 +148,9 @@ def main(argv=None) -> int:
     ok = True
     for model, held in sorted(by.items()):
         train = [r for m, rs in by.items() if m != model for r in rs]
+        if not train:
+            print(f"{model:42s} {len(held):4d}  no other model to choose on")
+            continue
         f, p = choose(train, fixed)
         none, chosen = median_abs(held, 0.0, 0.0), median_abs(held, f, p)
         s0 = float(np.median([tpot_err(r, 0.0, 0.0) for r in held]))

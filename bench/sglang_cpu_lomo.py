@@ -77,18 +77,26 @@ def simulate_row(args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pilot = sim.run(sa.scenario_of(row, table, sa.ROUNDS, sa.SEND_GAP_MS * 1e-3)).requests
-        e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
+        e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency :]["e2e_s"].mean())
         sc = sa.scenario_of(row, table, sa.ROUNDS + 1, 0.0)
         sc["workload"]["arrival"].update(ramp_s=round(e2e, 9), start="random")
         res = sim.run(sc)
     req = res.requests
     req = req[req["arrival_s"] >= e2e]
     steps = res.steps
-    return {"id": row.id, "model": row.model, "group": row.group, "osl": row.osl, "tpot_ms": row.tpot_ms,
-            "first": (req["arrival_s"] + req["ttft_s"]).to_numpy(), "finish": req["finish_s"].to_numpy(),
-            "sim_tpot_ms": float(req["tpot_s"].mean()) * 1e3,
-            "end": (steps["start_s"] + steps["duration_s"]).to_numpy(), "d": steps["duration_s"].to_numpy(),
-            "n": steps["num_seqs"].to_numpy()}
+    return {
+        "id": row.id,
+        "model": row.model,
+        "group": row.group,
+        "osl": row.osl,
+        "tpot_ms": row.tpot_ms,
+        "first": (req["arrival_s"] + req["ttft_s"]).to_numpy(),
+        "finish": req["finish_s"].to_numpy(),
+        "sim_tpot_ms": float(req["tpot_s"].mean()) * 1e3,
+        "end": (steps["start_s"] + steps["duration_s"]).to_numpy(),
+        "d": steps["duration_s"].to_numpy(),
+        "n": steps["num_seqs"].to_numpy(),
+    }
 
 
 def tpot_err(run: dict, fixed_s: float, per_seq_s: float) -> float:
@@ -96,8 +104,10 @@ def tpot_err(run: dict, fixed_s: float, per_seq_s: float) -> float:
     extra = np.maximum(fixed_s + per_seq_s * run["n"] - run["d"], 0.0)
     order = np.argsort(run["end"], kind="stable")
     ends, cum = run["end"][order], np.concatenate(([0.0], np.cumsum(extra[order])))
-    added = cum[np.searchsorted(ends, run["finish"], side="right")] - cum[np.searchsorted(ends, run["first"],
-                                                                                           side="right")]
+    added = (
+        cum[np.searchsorted(ends, run["finish"], side="right")]
+        - cum[np.searchsorted(ends, run["first"], side="right")]
+    )
     tpot = (run["finish"] - run["first"] + added) / max(run["osl"] - 1, 1)
     return float(tpot.mean()) * 1e3 / run["tpot_ms"] - 1
 
@@ -116,8 +126,13 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--cache", type=Path, default=None, help="keep (or reuse) the simulated rows here")
     ap.add_argument("--only", action="append", default=[], help="as bench/silicon_accuracy.py --only")
-    ap.add_argument("--fixed-ms", type=float, action="append", default=None,
-                    help="the per-step fixed parts to try (repeatable; default: 0 to 16 ms)")
+    ap.add_argument(
+        "--fixed-ms",
+        type=float,
+        action="append",
+        default=None,
+        help="the per-step fixed parts to try (repeatable; default: 0 to 16 ms)",
+    )
     args = ap.parse_args(argv)
     fixed = tuple(f * 1e-3 for f in args.fixed_ms) if args.fixed_ms else FIXED_S
     t0 = time.perf_counter()
@@ -130,7 +145,9 @@ def main(argv=None) -> int:
         digest = sa.code_hash()
         with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
             tables = {}
-            for key, folder, err in pool.map(sa.build_one, [(k, digest) for k in sorted({r.table_key for r in priced})]):
+            for key, folder, err in pool.map(
+                sa.build_one, [(k, digest) for k in sorted({r.table_key for r in priced})]
+            ):
                 if not err:
                     tables[key] = folder
             priced = [r for r in priced if r.table_key in tables]
@@ -141,10 +158,14 @@ def main(argv=None) -> int:
     by = defaultdict(list)
     for r in runs:
         by[r["model"]].append(r)
-    print(f"{len(runs)} SGLang rows, {len(by)} models; grid: fixed {[f * 1e3 for f in fixed]} ms x per sequence "
-          f"0-{PER_SEQ_S[-1] * 1e6:.0f} us\n")
-    print(f"{'held-out model':42s} {'rows':>4s}  {'chosen on the others':>22s}  {'|TPOT err| med: none':>20s} "
-          f"{'chosen':>7s}  {'signed: none':>12s} {'chosen':>7s}")
+    print(
+        f"{len(runs)} SGLang rows, {len(by)} models; grid: fixed {[f * 1e3 for f in fixed]} ms x per sequence "
+        f"0-{PER_SEQ_S[-1] * 1e6:.0f} us\n"
+    )
+    print(
+        f"{'held-out model':42s} {'rows':>4s}  {'chosen on the others':>22s}  {'|TPOT err| med: none':>20s} "
+        f"{'chosen':>7s}  {'signed: none':>12s} {'chosen':>7s}"
+    )
     ok = True
     for model, held in sorted(by.items()):
         train = [r for m, rs in by.items() if m != model for r in rs]
@@ -156,13 +177,19 @@ def main(argv=None) -> int:
         s0 = float(np.median([tpot_err(r, 0.0, 0.0) for r in held]))
         s1 = float(np.median([tpot_err(r, f, p) for r in held]))
         ok &= chosen <= none
-        print(f"{model:42s} {len(held):4d}  {f * 1e3:6.1f} ms + {p * 1e6:5.1f} us/seq  {none:20.1%} {chosen:7.1%}  "
-              f"{s0:+12.1%} {s1:+7.1%}")
+        print(
+            f"{model:42s} {len(held):4d}  {f * 1e3:6.1f} ms + {p * 1e6:5.1f} us/seq  {none:20.1%} {chosen:7.1%}  "
+            f"{s0:+12.1%} {s1:+7.1%}"
+        )
     f, p = choose(runs, fixed)
-    print(f"\nchosen on all rows: {f * 1e3:.1f} ms + {p * 1e6:.1f} us per sequence; every held-out model "
-          f"{'no worse' if ok else 'WORSE on at least one'} than without the term")
+    print(
+        f"\nchosen on all rows: {f * 1e3:.1f} ms + {p * 1e6:.1f} us per sequence; every held-out model "
+        f"{'no worse' if ok else 'WORSE on at least one'} than without the term"
+    )
     for model, rs in sorted(by.items()):
-        print(f"  {model:40s} median |TPOT err| {median_abs(rs, 0.0, 0.0):6.1%} -> {median_abs(rs, f, p):6.1%}")
+        print(
+            f"  {model:40s} median |TPOT err| {median_abs(rs, 0.0, 0.0):6.1%} -> {median_abs(rs, f, p):6.1%}"
+        )
     print(f"\n{time.perf_counter() - t0:.0f} s")
     return 0
 

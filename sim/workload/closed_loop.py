@@ -69,8 +69,8 @@ def closed_loop(scenario, n: int) -> ClosedLoop | None:
     if scenario.workload.requests is not None or not a.closed:
         return None
     clients = min(a.concurrency, n)
-    return ClosedLoop(a.concurrency, first_sends(a, clients, scenario.seed),
-                      think_times(a.think_time_s, n, scenario.seed))
+    first = first_sends(a, clients, scenario.seed)
+    return ClosedLoop(a.concurrency, first, think_times(a.think_time_s, n, scenario.seed))
 
 
 def first_sends(arrival, clients: int, seed: int) -> tuple[float, ...]:

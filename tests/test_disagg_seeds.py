@@ -26,7 +26,8 @@ def test_a_split_that_one_seed_fails_is_rejected_and_the_spread_is_kept():
     assert one.split == "1P1D" and one.seeds == 1 and one.best.spread is None
     edge = next(p for p in three.probes if (p.prefill, p.decode, p.decode_tp) == (1, 1, 1))
     assert edge.met is False and not edge.saturated
-    assert [row[:2] for row in edge.spread["per_seed"]] == [[1, True], [2, False], [3, True]]
+    # judged seed by seed until one fails (seed 3 could not change the verdict)
+    assert [row[:2] for row in edge.spread["per_seed"]] == [[1, True], [2, False]]
     assert edge.spread["metric"] == "ttft_s" and edge.spread["min"] < 0.5 < edge.spread["max"]
     # its p99 figures are those of the seed that failed
     assert edge.p99["ttft_s"] == edge.spread["max"] == edge.spread["per_seed"][1][2]

@@ -169,6 +169,25 @@ class _Verdicts:
             self.saturation.setdefault(key, sat)
         self.runs += runs
 
+    def take_side(self, side: _Verdicts | None) -> None:
+        """Take in layouts judged ahead in this process (:func:`_same_gpus_beside`) after the
+        worker's search, as if judged now: a layout the search already judged is dropped, and a
+        burst the search already ran is not counted again."""
+        if side is None:
+            return
+        runs = side.runs - sum(1 for key in side.saturation if key in self.saturation)
+        fresh = [layout for key, layout in side.seen.items() if key not in self.seen]
+        if not fresh:
+            return
+        for key, sat in side.saturation.items():
+            self.saturation.setdefault(key, sat)
+        for key, layout in side.seen.items():
+            if key not in self.seen:
+                layout.saturated_rps = self.saturation.get(("c", key[1], key[3]))
+                self.seen[key] = layout
+                self.order.append(layout)
+        self.runs += runs
+
     def _judge(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> None:
         """``units``: what shares the rate, each saturating at the measured throughput (the
         colocated replicas; 1 for a topology)."""
@@ -181,10 +200,16 @@ class _Verdicts:
         # a topology saturates as a whole (its own burst); colocated replicas as one replica of
         # the policy at that TP size (one burst shared by every replica count)
         sat_key = key if key[0] == "d" else ("c", label, key[3])
-        if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
-            self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
+        def start_burst(_k: int = 0) -> None:
+            if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
+                self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
+
+        # one seed: the burst starts beside the runs; several: once the first seed meets (a layout
+        # whose first seed fails never needs its burst, and the other seeds' runs still overlap it)
+        if self.seeds <= 1:
+            start_burst()
         v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label),
-                                  self.seeds)
+                                  self.seeds, on_met=start_burst if self.seeds > 1 else None)
         self.runs += v.runs
         summary = v.summary
         steady = summary.get("steady") or {}
@@ -219,6 +244,17 @@ def _burst_in_worker(scn, label: str) -> float | None:
 
     silence()
     return saturated_rate(scn, label)[0]
+
+
+def _same_gpus_beside(scn, rate: float, pool, seeds: int, label: str, tps: list[int],
+                      best: Layout | None) -> _Verdicts | None:
+    """The colocated layout on the disaggregated plan's GPUs (:func:`compare_colocated`), judged
+    here while a worker searches the policy's cheapest one (for :meth:`_Verdicts.take_side`)."""
+    if best is None or best.gpus // min(tps) < 1:
+        return None
+    side = _Verdicts(scn, rate, pool, seeds)
+    side.colocated(label, best.gpus // min(tps), min(tps))
+    return side
 
 
 def _cheapest_in_worker(scn, rate: float, label: str, tps: list[int], max_replicas: int, seeds: int) -> tuple:
@@ -324,12 +360,16 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
             if found is not None and (best is None or (found.gpus, found.prefill_tp + found.decode_tp)
                                       < (best.gpus, best.prefill_tp + best.decode_tp)):
                 best = found
+        # while a worker searches a policy's cheapest colocated layout, this process judges its
+        # layout on the plan's GPUs (judged last either way), then takes in the worker's search
+        side = {label: _same_gpus_beside(scn, rate, pool, seeds, label, colocated_tps, best) for label in searches}
         colocated = {}
         for label in labels:
             if label in searches:
                 with point(f"{label} colocated: its cheapest layout, searched beside"):
                     probe("waiting for the search")
                     v.merge(searches[label].get())
+                v.take_side(side[label])
             colocated[label] = compare_colocated(v, label, colocated_tps, best, max_instances, scn.slo)
     per_hour, per_million = costs(best.gpus if best else None, target_rate, scn.cost_per_gpu_hour)
     return DisaggPlan(label=dis.name, target_rate_rps=float(target_rate), best=best, max_instances=max_instances,

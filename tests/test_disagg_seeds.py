@@ -60,3 +60,64 @@ def test_cli_seeds_one_is_the_single_seed_plan_and_seeds_three_prints_the_spread
     text = " ".join(r3.output.split())
     assert "spread over 3 seed(s)" in text and "every layout judged at seeds 1-3 and met only when every seed met" in text
     assert "1P1D: seed(s) 2 missed the SLO where the others met it (p99 TTFT" in text
+
+
+class _NotReady:
+    """A burst's result that says it is not ready yet (the planner then judges ahead)."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def ready(self):
+        return False
+
+    def get(self):
+        return self.result.get()
+
+
+def test_runs_judged_ahead_while_a_burst_runs_change_nothing(monkeypatch):
+    """While 2P2D's burst runs in a worker, 1P2D's runs go ahead (the x bisection asks for it
+    first); the plan, its probes in order and its run count are those of one process."""
+    import contextlib
+
+    from sim.planning import disagg_plan
+    from tests.test_search_progress import Recorder
+
+    alone = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=1, seeds=3)
+    real_pool = disagg_plan._worker_pool
+
+    class Bursts:
+        def __init__(self, pool):
+            self.pool = pool
+
+        def apply_async(self, fn, args):
+            result = self.pool.apply_async(fn, args)
+            return _NotReady(result) if fn is disagg_plan._burst_in_worker else result
+
+    @contextlib.contextmanager
+    def slow_bursts(jobs):
+        with real_pool(jobs) as pool:
+            yield Bursts(pool)
+
+    monkeypatch.setattr(disagg_plan, "_worker_pool", slow_bursts)
+    heard = Recorder()
+    pooled = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=2, seeds=3, reporter=heard)
+    assert any(t.startswith("1P2D (TP 1/1) at 35 req/s, ahead while the burst runs") for t in heard.probes)
+    assert pooled.to_dict() == alone.to_dict()
+
+
+def test_the_plan_is_the_cheapest_layout_an_exhaustive_probe_finds():
+    """Every xPyD layout up to 2 instances per pool judged (the same verdicts, three seeds): the
+    planner's split has the fewest GPUs of those that meet, and every layout it skipped that has
+    fewer GPUs fails."""
+    from sim.planning.disagg_plan import _Verdicts
+
+    plan = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=1, seeds=3)
+    v = _Verdicts(load_scenario(EDGE), RATE, seeds=3)
+    every = {(x, y): v.disaggregated(x, y, 1, 1) for x in (1, 2) for y in (1, 2)}
+    met = [layout for layout in every.values() if layout.met]
+    assert met and plan.best.gpus == min(layout.gpus for layout in met)
+    assert every[(plan.best.prefill, plan.best.decode)].met
+    assert all(not layout.met for layout in every.values() if layout.gpus < plan.best.gpus)
+    # the planner judged fewer layouts than the exhaustive probe
+    assert len([p for p in plan.probes if p.decode]) < len(every)

@@ -140,15 +140,15 @@ class _Verdicts:
         self.runs = 0
         self.pool = pool  # a multiprocessing pool for saturation bursts ahead of need, or None
         self._bursts: dict[tuple, object] = {}  # saturation key -> its burst started in the pool
+        self._ahead: dict[tuple, tuple] = {}  # layout key -> its runs' verdict, judged ahead (_run_ahead)
+        self.hint: tuple | None = None  # (x, y, tp_p, tp_d): the layout likely asked for next
 
     def disaggregated(self, x: int, y: int, tp_p: int, tp_d: int) -> Layout:
         key = ("d", x, y, tp_p, tp_d)
         if key not in self.seen:
-            sets = [f"disaggregation.prefill.replicas={x}", f"disaggregation.decode.replicas={y}",
-                    f"disaggregation.prefill.hardware.tensor_parallel={tp_p}",
-                    f"disaggregation.decode.hardware.tensor_parallel={tp_d}"]
             with point(f"{x}P{y}D (TP {tp_p}/{tp_d}) at {self.rate:g} req/s"):
-                self._judge(key, sets, None, 1, Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
+                self._judge(key, _split_sets(x, y, tp_p, tp_d), None, 1,
+                            Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
         return self.seen[key]
 
     def colocated(self, label: str, n: int, tp: int) -> Layout:
@@ -191,25 +191,11 @@ class _Verdicts:
     def _judge(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> None:
         """``units``: what shares the rate, each saturating at the measured throughput (the
         colocated replicas; 1 for a topology)."""
-        from sim.planning.probe import judge_saturation_last
-        from sim.scenario.schema import load_scenario
+        from sim.planning.probe import saturation_last
 
-        scn = load_scenario(self.scn, [f"workload.arrival.rate={self.rate!r}", *sets])
-        if label is None:
-            label = scn.disaggregation.name
-        # a topology saturates as a whole (its own burst); colocated replicas as one replica of
-        # the policy at that TP size (one burst shared by every replica count)
-        sat_key = key if key[0] == "d" else ("c", label, key[3])
-        def start_burst(_k: int = 0) -> None:
-            if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
-                self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
-
-        # one seed: the burst starts beside the runs; several: once the first seed meets (a layout
-        # whose first seed fails never needs its burst, and the other seeds' runs still overlap it)
-        if self.seeds <= 1:
-            start_burst()
-        v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label),
-                                  self.seeds, on_met=start_burst if self.seeds > 1 else None)
+        ahead = self._ahead.pop(key, None)
+        scn, label, sat_key, v = ahead if ahead is not None else self._runs(key, sets, label, units)
+        v = saturation_last(v, self.rate / units, lambda: self._saturated(sat_key, scn, label))
         self.runs += v.runs
         summary = v.summary
         steady = summary.get("steady") or {}
@@ -223,12 +209,53 @@ class _Verdicts:
         self.seen[key] = layout
         self.order.append(layout)
 
+    def _runs(self, key, sets: list[str], label: str | None, units: int) -> tuple:
+        """The verdict of a layout's runs, every seed (:func:`sim.planning.probe.judge_seeds`),
+        before rule 1: ``(scenario, label, saturation key, verdict)``."""
+        from sim.planning.probe import judge_seeds
+        from sim.scenario.schema import load_scenario
+
+        scn = load_scenario(self.scn, [f"workload.arrival.rate={self.rate!r}", *sets])
+        if label is None:
+            label = scn.disaggregation.name
+        # a topology saturates as a whole (its own burst); colocated replicas as one replica of
+        # the policy at that TP size (one burst shared by every replica count)
+        sat_key = key if key[0] == "d" else ("c", label, key[3])
+
+        def start_burst(_k: int = 0) -> None:
+            if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
+                self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
+
+        # one seed: the burst starts beside the runs; several: once the first seed meets (a layout
+        # whose first seed fails never needs its burst, and the other seeds' runs still overlap it)
+        if self.seeds <= 1:
+            start_burst()
+        v = judge_seeds(scn, label, [], self.rate / units, None, self.seeds,
+                        on_met=start_burst if self.seeds > 1 else None)
+        return scn, label, sat_key, v
+
+    def _run_ahead(self) -> None:
+        """While a burst runs in a worker: the runs of the layout the search will most likely ask
+        for next (``hint``), kept aside until it does (counted then, in the search's order; never
+        asked for, never counted)."""
+        hint, self.hint = self.hint, None
+        if hint is None:
+            return
+        x, y, tp_p, tp_d = hint
+        key = ("d", x, y, tp_p, tp_d)
+        if key in self.seen or key in self._ahead:
+            return
+        with point(f"{x}P{y}D (TP {tp_p}/{tp_d}) at {self.rate:g} req/s, ahead while the burst runs"):
+            self._ahead[key] = self._runs(key, _split_sets(x, y, tp_p, tp_d), None, 1)
+
     def _saturated(self, sat_key: tuple, scn, label: str) -> float | None:
         from sim.planning.probe import saturated_rate
 
         if sat_key not in self.saturation:
             started = self._bursts.pop(sat_key, None)
             if started is not None:
+                if not started.ready():
+                    self._run_ahead()
                 with point(f"{label} saturation burst"):
                     probe("waiting for the burst started beside the runs")
                     self.saturation[sat_key] = started.get()
@@ -236,6 +263,12 @@ class _Verdicts:
                 self.saturation[sat_key], _ = saturated_rate(scn, label)
             self.runs += 1
         return self.saturation[sat_key]
+
+
+def _split_sets(x: int, y: int, tp_p: int, tp_d: int) -> list[str]:
+    return [f"disaggregation.prefill.replicas={x}", f"disaggregation.decode.replicas={y}",
+            f"disaggregation.prefill.hardware.tensor_parallel={tp_p}",
+            f"disaggregation.decode.hardware.tensor_parallel={tp_d}"]
 
 
 def _burst_in_worker(scn, label: str) -> float | None:
@@ -286,7 +319,14 @@ def _worker_pool(jobs: int):
 def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layout | None:
     """The fewest-GPU xPyD layout at these TP sizes (module docstring, steps 1-3)."""
     n = 1
-    while not v.disaggregated(n, n, tp_p, tp_d).met:
+    while True:
+        # if nPnD meets, the bisection of x asks for 1PnD first: its runs go ahead while nPnD's
+        # burst runs in a worker (sequential order, verdicts and counts unchanged)
+        v.hint = (1, n, tp_p, tp_d) if n > 1 else None
+        met = v.disaggregated(n, n, tp_p, tp_d).met
+        v.hint = None
+        if met:
+            break
         if n >= max_instances:
             return None
         n = min(2 * n, max_instances)

@@ -200,7 +200,14 @@ def judge_saturation_last(scn, label: str, overrides, load_per_replica: float,
     :func:`judge` given the saturated throughput up front (rule 1 only ever turns a *met* into a
     violation); a searcher whose every candidate has a saturated throughput of its own (each
     xPyD layout of the disaggregated planner) then measures it only for the candidates that meet."""
-    v = judge_seeds(scn, label, overrides, load_per_replica, None, seeds, **kw)
+    return saturation_last(judge_seeds(scn, label, overrides, load_per_replica, None, seeds, **kw),
+                           load_per_replica, saturated)
+
+
+def saturation_last(v: Verdict, load_per_replica: float, saturated: Callable[[], float | None]) -> Verdict:
+    """Rule 1 applied to the verdict of the runs (:func:`judge_saturation_last`): a *met* becomes a
+    violation when the load is at or above the saturated throughput (``saturated()``, asked only
+    then)."""
     if not v.met:
         return v
     sat = saturated()

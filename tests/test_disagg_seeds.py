@@ -62,48 +62,26 @@ def test_cli_seeds_one_is_the_single_seed_plan_and_seeds_three_prints_the_spread
     assert "1P1D: seed(s) 2 missed the SLO where the others met it (p99 TTFT" in text
 
 
-class _NotReady:
-    """A burst's result that says it is not ready yet (the planner then judges ahead)."""
-
-    def __init__(self, result):
-        self.result = result
-
-    def ready(self):
-        return False
-
-    def get(self):
-        return self.result.get()
-
-
-def test_runs_judged_ahead_while_a_burst_runs_change_nothing(monkeypatch):
-    """While 2P2D's burst runs in a worker, 1P2D's runs go ahead (the x bisection asks for it
-    first); the plan, its probes in order and its run count are those of one process."""
-    import contextlib
-
-    from sim.planning import disagg_plan
+def test_a_layout_larger_than_one_that_met_needs_no_burst_of_its_own():
+    """2P2D's runs meet, so the search next asks for 1P2D: judged then, it meets (runs and its own
+    burst), and 2P2D meets without a burst (more instances never lower the saturated throughput):
+    one burst fewer, the same plan and probe order as one process."""
+    three = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=2, seeds=3)
+    probes = {(p.prefill, p.decode): p for p in three.probes if p.decode}
+    assert [(p.prefill, p.decode) for p in three.probes if p.decode] == [(1, 1), (2, 2), (1, 2)]
+    big, small = probes[(2, 2)], probes[(1, 2)]
+    assert big.met and big.implied_by == "1P2D" and big.saturated_rps is None
+    assert small.met and small.implied_by is None and small.saturated_rps > RATE
+    assert three.best is small
+    # one process, every simulation heard: bursts of 1P2D and of the colocated policy only
     from tests.test_search_progress import Recorder
 
-    alone = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=1, seeds=3)
-    real_pool = disagg_plan._worker_pool
-
-    class Bursts:
-        def __init__(self, pool):
-            self.pool = pool
-
-        def apply_async(self, fn, args):
-            result = self.pool.apply_async(fn, args)
-            return _NotReady(result) if fn is disagg_plan._burst_in_worker else result
-
-    @contextlib.contextmanager
-    def slow_bursts(jobs):
-        with real_pool(jobs) as pool:
-            yield Bursts(pool)
-
-    monkeypatch.setattr(disagg_plan, "_worker_pool", slow_bursts)
     heard = Recorder()
-    pooled = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=2, seeds=3, reporter=heard)
-    assert any(t.startswith("1P2D (TP 1/1) at 35 req/s, ahead while the burst runs") for t in heard.probes)
-    assert pooled.to_dict() == alone.to_dict()
+    alone = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=1, seeds=3, reporter=heard)
+    bursts = [t for t in heard.probes if "saturation burst of" in t]
+    assert len(bursts) == 2 and bursts[0].startswith("1P2D (TP 1/1) at 35 req/s, judged ahead"), bursts
+    assert len(heard.probes) == alone.runs
+    assert alone.to_dict() == three.to_dict()
 
 
 def test_the_plan_is_the_cheapest_layout_an_exhaustive_probe_finds():

@@ -30,6 +30,8 @@ def spread_text(spread: dict | None) -> str:
     scale, unit = (1e3, "ms") if spread["metric"] == "tpot_s" else (1.0, "s")
     seeds = [row[0] for row in spread["per_seed"]]
     lo, hi = spread["min"] * scale, spread["max"] * scale
+    if len(seeds) == 1:  # the first seed failed: the others were not judged (sim.planning.probe.judge_seeds)
+        return f"p{spread['percentile']:g} {metric} {lo:.3g} {unit} at seed {seeds[0]} (the first to miss)"
     return f"p{spread['percentile']:g} {metric} {lo:.3g}-{hi:.3g} {unit} over seeds {seeds[0]}-{seeds[-1]}"
 
 

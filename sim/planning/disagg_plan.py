@@ -81,6 +81,9 @@ class Layout:
     stable: bool = True  # the verdict agreed between two probe sizes in a row
     probe_requests: int | None = None  # requests in the run whose verdict was used
     spread: dict | None = None  # with seeds > 1: the binding percentile's min and max over them
+    # met without a burst of its own: this smaller layout (e.g. 1P2D) met, and more instances never
+    # lower the saturated throughput (the search's staircase assumption); saturated_rps is then None
+    implied_by: str | None = None
     summary: dict = field(default_factory=dict, repr=False)
 
 
@@ -140,8 +143,8 @@ class _Verdicts:
         self.runs = 0
         self.pool = pool  # a multiprocessing pool for saturation bursts ahead of need, or None
         self._bursts: dict[tuple, object] = {}  # saturation key -> its burst started in the pool
-        self._ahead: dict[tuple, tuple] = {}  # layout key -> its runs' verdict, judged ahead (_run_ahead)
-        self.hint: tuple | None = None  # (x, y, tp_p, tp_d): the layout likely asked for next
+        self._ahead: dict[tuple, tuple] = {}  # layout key -> (layout, runs) judged ahead (_implied)
+        self.hint: tuple | None = None  # (x, y, tp_p, tp_d): a smaller layout the search asks for next
 
     def disaggregated(self, x: int, y: int, tp_p: int, tp_d: int) -> Layout:
         key = ("d", x, y, tp_p, tp_d)
@@ -189,14 +192,29 @@ class _Verdicts:
         self.runs += runs
 
     def _judge(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> None:
-        """``units``: what shares the rate, each saturating at the measured throughput (the
-        colocated replicas; 1 for a topology)."""
+        """Judge a layout and keep it in judging order (a layout judged ahead, :meth:`_implied`,
+        is taken as it was judged, and its runs counted now)."""
+        done = self._ahead.pop(key, None)
+        if done is None:
+            done = self._evaluate(key, sets, label, units, layout)
+        layout, runs = done
+        self.runs += runs
+        self.seen[key] = layout
+        self.order.append(layout)
+
+    def _evaluate(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> tuple[Layout, int]:
+        """``(layout with its verdict, simulations it took)``. ``units``: what shares the rate, each
+        saturating at the measured throughput (the colocated replicas; 1 for a topology)."""
         from sim.planning.probe import saturation_last
 
-        ahead = self._ahead.pop(key, None)
-        scn, label, sat_key, v = ahead if ahead is not None else self._runs(key, sets, label, units)
-        v = saturation_last(v, self.rate / units, lambda: self._saturated(sat_key, scn, label))
-        self.runs += v.runs
+        before = self.runs
+        hint = self.hint if key[0] == "d" else None
+        scn, label, sat_key, v = self._runs(key, sets, label, units, start_early=hint is None)
+        implied = self._implied(hint) if v.met and hint is not None else None
+        if implied is None:
+            v = saturation_last(v, self.rate / units, lambda: self._saturated(sat_key, scn, label))
+        else:
+            layout.implied_by = f"{implied.prefill}P{implied.decode}D"
         summary = v.summary
         steady = summary.get("steady") or {}
         figures = steady if steady.get("slo_met") is not None else summary
@@ -206,12 +224,33 @@ class _Verdicts:
         layout.probe_requests = summary.get("requests_total")
         layout.spread = v.spread
         layout.summary = summary
-        self.seen[key] = layout
-        self.order.append(layout)
+        runs = self.runs - before + v.runs  # bursts run meanwhile, and this layout's runs
+        self.runs = before
+        return layout, runs
 
-    def _runs(self, key, sets: list[str], label: str | None, units: int) -> tuple:
+    def _implied(self, hint: tuple) -> Layout | None:
+        """The layout ``hint`` (fewer or as many instances in each pool as the one being judged),
+        judged now, ahead of the search asking for it; returned when it meets. Then the larger
+        layout, whose runs met, meets too without a burst of its own: more instances never lower
+        the saturated throughput (the staircase assumption of the module docstring), and the
+        rate is below the smaller one's."""
+        x, y, tp_p, tp_d = hint
+        key = ("d", x, y, tp_p, tp_d)
+        self.hint = None
+        if key in self.seen:
+            found = self.seen[key]
+        else:
+            if key not in self._ahead:
+                with point(f"{x}P{y}D (TP {tp_p}/{tp_d}) at {self.rate:g} req/s, judged ahead"):
+                    self._ahead[key] = self._evaluate(key, _split_sets(x, y, tp_p, tp_d), None, 1,
+                                                      Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
+            found = self._ahead[key][0]
+        return found if found.met else None
+
+    def _runs(self, key, sets: list[str], label: str | None, units: int, start_early: bool = True) -> tuple:
         """The verdict of a layout's runs, every seed (:func:`sim.planning.probe.judge_seeds`),
-        before rule 1: ``(scenario, label, saturation key, verdict)``."""
+        before rule 1: ``(scenario, label, saturation key, verdict)``. ``start_early``: start the
+        layout's burst in the pool ahead of need (not when a smaller layout may make it needless)."""
         from sim.planning.probe import judge_seeds
         from sim.scenario.schema import load_scenario
 
@@ -228,25 +267,12 @@ class _Verdicts:
 
         # one seed: the burst starts beside the runs; several: once the first seed meets (a layout
         # whose first seed fails never needs its burst, and the other seeds' runs still overlap it)
-        if self.seeds <= 1:
-            start_burst()
+        early = start_burst if start_early else None
+        if self.seeds <= 1 and early is not None:
+            early()
         v = judge_seeds(scn, label, [], self.rate / units, None, self.seeds,
-                        on_met=start_burst if self.seeds > 1 else None)
+                        on_met=early if self.seeds > 1 else None)
         return scn, label, sat_key, v
-
-    def _run_ahead(self) -> None:
-        """While a burst runs in a worker: the runs of the layout the search will most likely ask
-        for next (``hint``), kept aside until it does (counted then, in the search's order; never
-        asked for, never counted)."""
-        hint, self.hint = self.hint, None
-        if hint is None:
-            return
-        x, y, tp_p, tp_d = hint
-        key = ("d", x, y, tp_p, tp_d)
-        if key in self.seen or key in self._ahead:
-            return
-        with point(f"{x}P{y}D (TP {tp_p}/{tp_d}) at {self.rate:g} req/s, ahead while the burst runs"):
-            self._ahead[key] = self._runs(key, _split_sets(x, y, tp_p, tp_d), None, 1)
 
     def _saturated(self, sat_key: tuple, scn, label: str) -> float | None:
         from sim.planning.probe import saturated_rate
@@ -254,8 +280,6 @@ class _Verdicts:
         if sat_key not in self.saturation:
             started = self._bursts.pop(sat_key, None)
             if started is not None:
-                if not started.ready():
-                    self._run_ahead()
                 with point(f"{label} saturation burst"):
                     probe("waiting for the burst started beside the runs")
                     self.saturation[sat_key] = started.get()
@@ -320,8 +344,9 @@ def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layo
     """The fewest-GPU xPyD layout at these TP sizes (module docstring, steps 1-3)."""
     n = 1
     while True:
-        # if nPnD meets, the bisection of x asks for 1PnD first: its runs go ahead while nPnD's
-        # burst runs in a worker (sequential order, verdicts and counts unchanged)
+        # if nPnD's runs meet, the bisection of x asks for 1PnD first: it is judged then, and if it
+        # meets nPnD needs no burst of its own (_Verdicts._implied); the order and verdicts are the
+        # search's either way
         v.hint = (1, n, tp_p, tp_d) if n > 1 else None
         met = v.disaggregated(n, n, tp_p, tp_d).met
         v.hint = None

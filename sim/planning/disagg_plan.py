@@ -27,24 +27,29 @@ meeting at a load at or above its saturated throughput (a burst of every request
 the whole topology for an xPyD layout, the whole rate its load; one replica for a colocated layout,
 ``R / replicas`` its load). Each layout has a saturated throughput of its own, so it is measured
 only for layouts whose runs meet (:func:`sim.planning.probe.judge_saturation_last`: the same
-verdicts, fewer bursts); colocated ones once per policy and TP size. ``p99`` figures are those of
+verdicts, fewer bursts); colocated ones once per policy and TP size. When step 1's ``nPnD`` runs
+meet, the layout the search asks for next, ``1PnD``, is judged first; if it meets, ``nPnD`` meets
+without a burst of its own (``implied_by``: more instances never lower the saturated throughput,
+the staircase assumption above; its ``saturated_rps`` is then None). ``p99`` figures are those of
 the steady window (of the whole run when no window was long enough).
 
 Speed. Every verdict is a deterministic simulation, so where they are independent they run at
 once, in forked worker processes (``jobs``, default 2: this machine class has two cores): each
-colocated policy's cheapest-layout search runs beside the disaggregated search, and every xPyD
-layout's saturation burst starts when the layout is judged, beside its runs, instead of after
-them. Results are merged in the order a sequential search judges them, so the plan, its
-``probes`` and ``runs`` are the same for every ``jobs``.
+colocated policy's cheapest-layout search runs beside the disaggregated search, every xPyD
+layout's saturation burst starts beside its runs (with several seeds, once its first seed meets,
+so a layout failing at its first seed costs no burst), and the colocated layout on the plan's
+GPUs is judged here while the workers search. Results are merged in the order a sequential
+search judges them, so the plan, its ``probes`` and ``runs`` are the same for every ``jobs``.
 
 Seeds. With ``seeds`` = K every layout, xPyD and colocated, is judged at the scenario's seed and
 the K − 1 after it and meets only when each does (:func:`sim.planning.probe.judge_seeds`, as
 ``cbsim plan`` and ``cbsim capacity``); its ``spread`` states the binding percentile's min and
 max over them, and its ``p99`` figures are those of the first seed that failed (else of the
-scenario's own seed). Saturation bursts run at the scenario's seed only, as in ``cbsim plan``
+scenario's own seed); the seeds are judged in order and the first that fails ends the layout's
+probe. Saturation bursts run at the scenario's seed only, as in ``cbsim plan``
 (the bound is one measured throughput, not a per-seed verdict; its lengths do vary with the seed,
 so a layout just below it at one seed may be just above it at another). K seeds cost K times the
-runs, the bursts excepted.
+runs of a layout that meets, the bursts excepted.
 
 Cost. GPUs × ``cost_per_gpu_hour`` per hour of traffic, and per million requests
 ``GPUs × price / (3600 · R) × 10⁶`` (as :mod:`sim.planning.plan`); the pools may have GPUs of

@@ -86,3 +86,20 @@ def test_bad_seed_counts_are_refused_in_one_line():
     for bad in (0, 101):
         with pytest.raises(CbsimError, match=r"^--seeds must be a whole number of workload seeds from 1 to 100"):
             plan(EDGE, RATE, seeds=bad)
+
+
+def test_spare_workers_for_the_seeds_change_no_verdict():
+    """With a seed pool (sim.planning.seed_pool: a one-policy search's spare cores), seeds 2, 3
+    of a load whose first seed met run in a worker: the same verdicts, spreads and run counts."""
+    from sim.planning.seed_pool import seed_workers
+
+    scn = load_scenario(EDGE)
+    sat, _ = saturated_rate(scn, "orca")
+    loads = (RATE, 20.0)  # one where seed 2 fails, one where every seed meets
+    alone = [judge_seeds(scn, "orca", [f"workload.arrival.rate={r!r}"], r, sat, seeds=3) for r in loads]
+    with seed_workers(1):
+        pooled = [judge_seeds(scn, "orca", [f"workload.arrival.rate={r!r}"], r, sat, seeds=3) for r in loads]
+    assert [v.met for v in alone] == [False, True]
+    for a, b in zip(alone, pooled):
+        assert (a.met, a.stable, a.sizes, a.runs, a.spread) == (b.met, b.stable, b.sizes, b.runs, b.spread)
+        assert a.summary == b.summary

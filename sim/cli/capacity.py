@@ -36,7 +36,7 @@ def capacity_cmd(
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
     with shared.search_display(console, scn, policy, workers, backend, f"searching capacity to ±{tolerance:.1%}",
-                               disaggregated=True):
+                               disaggregated=True, seeds=seeds):
         results = capacity(scn, policies=policy or None, tolerance=tolerance, workers=workers,
                            backend=backend, ray_address=ray_address, seeds=seeds)
     slo = scn.slo

@@ -58,7 +58,7 @@ def plan_cmd(
     closed = is_closed_loop(scn)
     load = (f"{target_concurrency or scn.workload.arrival.concurrency} closed-loop clients" if closed
             else f"{target_rate:g} req/s" if target_rate is not None else "?")
-    with shared.search_display(console, scn, policy, workers, backend, f"planning for {load}"):
+    with shared.search_display(console, scn, policy, workers, backend, f"planning for {load}", seeds=seeds):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
                      backend=backend, ray_address=ray_address, target_concurrency=target_concurrency,
                      seeds=seeds)

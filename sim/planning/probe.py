@@ -253,15 +253,26 @@ def judge_seeds(scn, label: str, overrides, load_per_replica: float, saturated: 
 
     if seeds <= 1:
         return judge(scn, label, overrides, load_per_replica, saturated, **kw)
+    from sim.planning import seed_pool
+
     base = load_scenario(scn, list(overrides)).seed
-    verdicts = []
+
+    def args(k: int) -> tuple:
+        return scn, label, [*overrides, f"seed={base + k}"], load_per_replica, saturated
+
+    verdicts, beside = [], {}
     for k in range(seeds):
-        v = judge(scn, label, [*overrides, f"seed={base + k}"], load_per_replica, saturated, **kw)
+        v = beside.pop(k).get() if k in beside else judge(*args(k), **kw)
         verdicts.append(v)
         if not v.met:
             break
         if on_met is not None and k + 1 < seeds:
             on_met(k)
+        pool = seed_pool.current()
+        if k == 0 and pool is not None:
+            # every later seed is needed unless one fails: seeds 2, 3, ... in the spare workers
+            # while this process judges seed 1 (any after a failure are discarded, not counted)
+            beside = {j: pool.apply_async(judge, args(j), kw) for j in range(2, seeds)}
     chosen = verdicts[-1] if not verdicts[-1].met else verdicts[0]
     slo = load_scenario(scn).slo
     figures = [binding(v.summary, slo) if v.summary else None for v in verdicts]

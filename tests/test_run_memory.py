@@ -55,3 +55,20 @@ def test_the_frames_do_not_depend_on_when_the_records_go():
     direct = sim.run().requests_frame()
     res = runner.run(scn)
     pd.testing.assert_frame_equal(res.requests.drop(columns="policy"), direct)
+
+
+def test_a_workload_keeps_one_int_object_per_distinct_length():
+    """Lengths are Python ints kept for the whole run: one object per distinct value, not one per
+    request (sim.workload.synthetic), with the values unchanged."""
+    from sim.scenario.schema import load_scenario
+    from sim.workload.synthetic import build_workload
+
+    scn = small_scenario(num_requests=500)  # lengths above 256: ints CPython does not cache itself
+    scn["workload"].update(prompt_tokens={"dist": "uniform", "min": 300, "max": 340},
+                           output_tokens={"dist": "uniform", "min": 300, "max": 320}, max_tokens=1000)
+    scn["engine"].update(max_model_len=2048, num_gpu_blocks=1024, max_num_batched_tokens=2048)
+    specs = build_workload(load_scenario(scn))
+    for field in ("prompt_tokens", "output_tokens", "max_tokens"):
+        values = [getattr(s, field) for s in specs]
+        assert all(type(v) is int and v > 256 for v in values)
+        assert len({id(v) for v in values}) == len(set(values)) < len(values)

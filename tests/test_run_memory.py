@@ -64,8 +64,11 @@ def test_a_workload_keeps_one_int_object_per_distinct_length():
     from sim.workload.synthetic import build_workload
 
     scn = small_scenario(num_requests=500)  # lengths above 256: ints CPython does not cache itself
-    scn["workload"].update(prompt_tokens={"dist": "uniform", "min": 300, "max": 340},
-                           output_tokens={"dist": "uniform", "min": 300, "max": 320}, max_tokens=1000)
+    scn["workload"].update(
+        prompt_tokens={"dist": "uniform", "min": 300, "max": 340},
+        output_tokens={"dist": "uniform", "min": 300, "max": 320},
+        max_tokens=1000,
+    )
     scn["engine"].update(max_model_len=2048, num_gpu_blocks=1024, max_num_batched_tokens=2048)
     specs = build_workload(load_scenario(scn))
     for field in ("prompt_tokens", "output_tokens", "max_tokens"):

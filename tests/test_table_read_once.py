@@ -22,7 +22,9 @@ def test_one_read_per_table_folder_until_it_is_rewritten(tmp_path, monkeypatch):
 
     monkeypatch.setattr(table_mod, "read_table", counting)
     first = table_mod.read_table_once(folder)
-    assert table_mod.read_table_once(folder) is first and table_mod.read_table_once(str(folder) + "/") is first
+    assert (
+        table_mod.read_table_once(folder) is first and table_mod.read_table_once(str(folder) + "/") is first
+    )
     assert len(reads) == 1
     # rewritten (a fresh calibration): read again, and the new content is what comes back
     changed = read_table(folder)

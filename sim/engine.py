@@ -233,7 +233,10 @@ class Replica:
         shape = fast_step_shape(plan)
         if plan.spec_tokens is not None:
             shape.spec_tokens = sum(plan.spec_tokens)
-        dt, flops, bytes_ = latency.price(shape, plan)
+        if plan.scheduled or not (plan.kv_loads or plan.kv_store_s):
+            dt, flops, bytes_ = latency.price(shape, plan)
+        else:  # only tier copies in flight: no forward pass to price (kv_load_step times the copy)
+            dt, flops, bytes_ = 0.0, 0.0, 0.0
         recomputed = 0
         if shape.prefill_tokens or plan.preempted:  # only prefill chunks can recompute
             recomputed, pairs = self.recompute.observe(plan)

@@ -304,3 +304,24 @@ def test_offloading_refuses_policies_it_cannot_serve(entry, message):
     scn["policies"] = [{**entry, "kv_offload": False}] if entry["name"] == "vllm-v1" else scn["policies"]
     if entry["name"] == "vllm-v1":  # the entry that opts out runs
         assert run(scn).summaries["vllm-v1"]["kv_tiers"] is None
+
+
+class _NoEmptyForwardPass(ConstantLatency):
+    """A clock that refuses to price a forward pass of no sequences (a table's ``engine_cpu``
+    grid starts at one sequence: pricing zero would extrapolate and warn)."""
+
+    def price(self, shape, plan=None):
+        assert shape.num_seqs > 0, "a step of tier copies only has no forward pass to price"
+        return super().price(shape, plan)
+
+
+def test_a_step_of_tier_copies_only_is_the_copy_and_prices_no_forward_pass():
+    lim = limits("native")
+    pol = make_policy("vllm-v1", lim)
+    sim = Simulation(session_specs(), [(pol, _NoEmptyForwardPass(STEP, FAKE_MODEL, FAKE_GPU, 1, 16))],
+                     lim.max_model_len)
+    steps = sim.run().steps_frame()
+    copy = steps[steps["num_seqs"] == 0]
+    assert len(copy) == 1 and copy["start_s"].iloc[0] == 4.0
+    assert copy["duration_s"].iloc[0] == 34 / 64  # exact: the 34 blocks' copy, nothing more
+    assert copy["flops"].iloc[0] == 0 and copy["bytes"].iloc[0] == 0

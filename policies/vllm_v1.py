@@ -64,6 +64,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 
 class VllmV1Policy(PagedDecodeStretch, Policy):
     name = "vllm-v1"
+    _keep_edges = True  # False: rebuild the edge calendar at every bulk step (tests compare both)
     summary = (
         f"vLLM V1 ({VLLM_RELEASE}): token budget, running requests first, chunked prefill, "
         "full-prompt admission gate, LIFO recompute preemption, paged KV with prefix caching"
@@ -163,6 +164,11 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         # after that step every running request is one decode away (see decode_stretch)
         self._decode_ready = False
         self._lookahead = 0  # KV slots allocated beyond a step's tokens (speculative decoding)
+        # the edge calendar of consecutive bulk decode steps (see _bulk_decodes): pure-decode
+        # tick -> (rank, request) due at that tick; None: to be rebuilt from the running list
+        self._edges: dict[int, list[tuple[int, Request]]] | None = None
+        self._tick = 0  # pure-decode steps taken since the calendar was built
+        self._ranks = 0  # ranks given so far (a request's rank orders it as the running list does)
 
     # --- speculative decoding ---------------------------------------------------------------
     supports_speculation = True
@@ -270,6 +276,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         bulk = self._bulk_decodes(token_budget) if self._decode_ready else None
         spec_k, lookahead = self.num_speculative_tokens, self._lookahead
         if bulk is None:
+            self._edges = None  # requests advance by other amounts than one token: rebuild
             i = 0
         else:
             i = len(running)
@@ -435,48 +442,130 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         plan.scheduled, plan.num_new_tokens, plan.context = sched, sched_n, context
         self._stored_tokens += sum(sched_n)
         self._decode_ready = ready
+        if bulk is not None and self._edges is not None:
+            if not ready or not self._keep_edges:
+                self._edges = None
+            elif len(sched) > nb:  # admitted this step, decode-ready from the next tick on
+                self._enter(sched[nb:], self._tick)
         return plan
 
     def _bulk_decodes(self, token_budget: int) -> list[int] | None:
         """Phase A when every running request is one decode away and its block fits: the same
         allocate_slots calls, in the same order, that the request-by-request pass would make
         (only requests at a block boundary need one; the others' calls do nothing). Returns the
-        requests' contexts, or None (nothing changed) to take the request-by-request pass."""
+        requests' contexts, or None (nothing changed) to take the request-by-request pass.
+
+        Which requests are at a boundary comes from the *edge calendar*: in consecutive bulk
+        steps every running request's context grows by exactly one token a step, so the step at
+        which each next needs the KV manager (a new block, or a full block to register) is known
+        when it last did; the calendar keeps the requests by that step (a shared tick), and a
+        step touches only those due. Any step that advances requests otherwise (a chunked
+        prefill, a preemption, a fast-forward stretch) drops the calendar, and the next bulk
+        step rebuilds it from the running list."""
         running = self.running
         if not running or len(running) > token_budget:
             return None
         kv = self.kv
-        B = kv.block_size
         last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
         # every running request one decode away (all its tokens computed but the last), with room
         context = [r.num_computed_tokens for r in running]
         if context != [r.prompt_tokens + r.num_output_tokens - 1 for r in running] or max(context) >= last:
             return None
-        fills = []
-        if kv.enable_caching:
-            states = kv.request_states()
-            sts = [states[r] for r in running]
-            # at the end of its block table (needs a block) or about to fill a block not yet registered
-            marked = [i for i, (st, c) in enumerate(zip(sts, context))
-                      if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks]
-            edge = []
-            for i in marked:
-                st, c = sts[i], context[i]
-                if c < len(st.blocks) * B and st.num_cached_blocks >= st.shared:
+        edges = self._edges
+        tick = self._tick
+        if edges is None:
+            edges, tick = self._edges, self._tick = {}, 0
+            self._ranks = 0
+            self._enter(running, 0)
+        due = edges.pop(tick, None)
+        if due:
+            if not self._decode_edges(due, tick):
+                self._edges = None  # someone may be preempted: the request-by-request pass decides
+                return None
+        self._tick = tick + 1
+        return context
+
+    def _enter(self, reqs: list[Request], tick: int) -> None:
+        """Put decode-ready requests (in running order, after every one already in) into the
+        calendar: each at the tick of its next block edge, counted from ``tick`` at its
+        current context."""
+        edges, states = self._edges, self.kv.request_states()
+        B, caching = self.kv.block_size, self.kv.enable_caching
+        rank = self._ranks
+        for r in reqs:
+            st = states[r]
+            e = len(st.blocks) * B  # position that needs a new block
+            if caching:
+                f = (st.num_cached_blocks + 1) * B - 1  # context that fills the next block to register
+                if f < e:
+                    e = f
+            key = tick + e - r.num_computed_tokens
+            if key < tick:
+                key = tick
+            entry = (rank, r)
+            rank += 1
+            bucket = edges.get(key)
+            if bucket is None:
+                edges[key] = [entry]
+            else:
+                bucket.append(entry)
+        self._ranks = rank
+
+    def _decode_edges(self, due: list[tuple[int, Request]], tick: int) -> bool:
+        """The KV work of the bulk step at ``tick`` for the requests due then, in running order:
+        False (nothing changed) when their new blocks do not fit."""
+        kv = self.kv
+        B = kv.block_size
+        states = kv.request_states()
+        caching = kv.enable_caching
+        running = Status.RUNNING
+        due = [e for e in due if e[1].status is running]  # finished ones leave the calendar here
+        if len(due) > 1:
+            due.sort()  # by rank: running order
+        fills, edge, grow = [], [], []
+        for _, r in due:
+            st, c = states[r], r.num_computed_tokens
+            if c >= len(st.blocks) * B:
+                grow.append(st)  # needs a block
+                edge.append(r)
+            elif caching and (c + 1) // B > st.num_cached_blocks:
+                if st.num_cached_blocks >= st.shared:
                     fills.append((st, (c + 1) // B))  # fills one of its own: registered by count
                 else:
-                    edge.append(running[i])  # needs a block, or fills one that gets hashed and registered
-        else:
-            edge = [r for r, c in zip(running, context) if c % B == 0]  # may need a new block
+                    edge.append(r)  # fills a block that gets hashed and registered
+        if len(grow) > kv.num_free_blocks:
+            return False
         if edge:
-            if kv.decode_blocks_needed(edge, 1) > kv.num_free_blocks:
-                return None  # someone may be preempted: the request-by-request pass decides
-            for r in edge:
-                if kv.allocate_slots(r, 1) is None:
-                    raise AssertionError(f"{r.id}: a counted block did not fit")
+            if len(grow) == len(edge) and kv.tiers is None and all(st.num_cached_blocks >= st.shared for st in grow):
+                # each needs one block and registers nothing but by count: one pop of the free queue
+                # hands out the blocks those allocate_slots calls would, in the same order
+                kv.append_decode_blocks(grow, [r.num_computed_tokens for r in edge])
+            else:
+                for r in edge:
+                    if kv.allocate_slots(r, 1) is None:
+                        raise AssertionError(f"{r.id}: a counted block did not fit")
         for st, full in fills:  # what allocate_slots' fast path does for them
             st.num_cached_blocks = full
-        return context
+        # their next edges, from the next tick at one more token (an edge is at or past it)
+        nxt = tick + 1
+        edges = self._edges
+        for entry in due:
+            r = entry[1]
+            st = states[r]
+            e = len(st.blocks) * B
+            if caching:
+                f = (st.num_cached_blocks + 1) * B - 1
+                if f < e:
+                    e = f
+            key = nxt + e - r.num_computed_tokens - 1
+            if key < nxt:
+                key = nxt
+            bucket = edges.get(key)
+            if bucket is None:
+                edges[key] = [entry]
+            else:
+                bucket.append(entry)
+        return True
 
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
         if not finished:
@@ -531,9 +620,14 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._heap.clear()
         self._stored_tokens = 0
         self._decode_ready = False
+        self._edges = None
         return out
 
     # --- pure-decode stretches (Policy.decode_stretch) --------------------------------------
+    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+        self._edges = None  # k tokens each at once: the edge calendar is rebuilt at the next bulk step
+        return PagedDecodeStretch.advance_decodes(self, batch, k)
+
     def decode_stretch(self) -> tuple[list[Request], int] | None:
         """After a step that scheduled every running request and completed each one's tokens,
         every running request is decode-ready (``num_computed_tokens == num_tokens - 1``) and

@@ -430,6 +430,21 @@ class PagedKVManager:
             allocated[j - 1] += len(new)
         return allocated
 
+    def append_decode_blocks(self, states: list[_ReqKV], contexts: list[int]) -> None:
+        """``allocate_slots(r, 1)`` for decodes at the end of their block tables (context a
+        multiple of the block size, one past the table) whose remaining blocks are all their own
+        and with no KV tiers, in the order given: each gets the next block of the free queue (one
+        pop for all: the same blocks in the same order) and, with caching, registers by count the
+        block its token fills."""
+        new = self.pool.get_new_blocks(len(states))
+        B = self.block_size
+        caching = self.enable_caching
+        for st, b, c in zip(states, new, contexts):
+            st.blocks.append(b)
+            if caching and (c + 1) // B > st.num_cached_blocks:
+                st.num_cached_blocks = (c + 1) // B
+        self._held_blocks += len(new)
+
     def release(self, req: Request) -> None:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req, _keep_own=False)

@@ -1,0 +1,60 @@
+"""The stepped path's shortcuts decide exactly what a full scan of the batch decides.
+
+vllm-v1's bulk decode step finds the requests at a KV block edge from an *edge calendar* kept
+across consecutive bulk steps (``VllmV1Policy._bulk_decodes``) instead of scanning every running
+request; the reference is the same engine rebuilding the calendar from the whole running list at
+every bulk step (``_keep_edges = False``: a full scan). Both must give identical step and request
+frames, with and without the fast-forward, with shared prefixes (blocks hashed and registered at
+their edge), preemptions, a block size of one and prefix caching off.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.base import EngineLimits
+from policies.vllm_v1 import VllmV1Policy
+from tests.test_fast_forward import LIMITS, TIGHT, assert_same_run, simulate, workload
+
+CASES = {
+    # name: (specs, limits, knobs)
+    "plain": (lambda: workload(1, n=200, rate=60.0), LIMITS, {}),
+    "no-caching": (lambda: workload(2, n=200, rate=60.0), LIMITS, {"enable_prefix_caching": False}),
+    "shared-prefixes": (lambda: workload(3, n=200, rate=60.0, groups=3, prefix_len=200), LIMITS, {}),
+    "pressure": (lambda: workload(4, max_prompt=300, max_out=250, groups=2, prefix_len=100), TIGHT, {}),
+    "block-size-1": (lambda: workload(5, n=60, max_prompt=40, max_out=60, groups=2, prefix_len=10),
+                     EngineLimits(block_size=1, num_gpu_blocks=900, max_num_seqs=16,
+                                  max_num_batched_tokens=256, max_model_len=512), {}),
+}
+
+
+class CalendarUse:
+    """Counts bulk steps that found their edges in a kept calendar (not rebuilt that step)."""
+
+    def __init__(self, monkeypatch):
+        self.kept = 0
+        original = VllmV1Policy._bulk_decodes
+
+        def spy(policy, budget):
+            had = policy._edges is not None
+            out = original(policy, budget)
+            self.kept += had and out is not None
+            return out
+
+        monkeypatch.setattr(VllmV1Policy, "_bulk_decodes", spy)
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_edge_calendar_decides_what_a_full_scan_decides(case, fast_forward, monkeypatch):
+    make_specs, limits, knobs = CASES[case]
+    specs = make_specs()
+    use = CalendarUse(monkeypatch)
+    kept = simulate("vllm-v1", specs, limits, fast_forward=fast_forward, **knobs)
+    assert use.kept > 50, "the calendar was rebuilt at almost every step: the comparison proves little"
+    with monkeypatch.context() as m:
+        m.setattr(VllmV1Policy, "_keep_edges", False)
+        scanned = simulate("vllm-v1", specs, limits, fast_forward=fast_forward, **knobs)
+    assert_same_run(kept, scanned)
+    if case == "pressure":
+        assert kept[0]["preemptions"].sum() > 0

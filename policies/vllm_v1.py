@@ -465,7 +465,6 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         running = self.running
         if not running or len(running) > token_budget:
             return None
-        kv = self.kv
         last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
         # every running request one decode away (all its tokens computed but the last), with room
         context = [r.num_computed_tokens for r in running]
@@ -547,25 +546,35 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         for st, full in fills:  # what allocate_slots' fast path does for them
             st.num_cached_blocks = full
         # their next edges, from the next tick at one more token (an edge is at or past it)
-        nxt = tick + 1
+        self._reenter(due, tick + 1, 1)
+        return True
+
+    def _reenter(self, due: list[tuple[int, Request]], tick: int, ahead: int = 0) -> None:
+        """Enter calendar entries again (ranks kept) at their next edge, counted from ``tick``,
+        at which each request's context will be ``ahead`` tokens past its current one; finished
+        requests are dropped."""
+        kv = self.kv
+        B, caching, states = kv.block_size, kv.enable_caching, kv.request_states()
         edges = self._edges
+        running = Status.RUNNING
         for entry in due:
             r = entry[1]
+            if r.status is not running:
+                continue
             st = states[r]
             e = len(st.blocks) * B
             if caching:
                 f = (st.num_cached_blocks + 1) * B - 1
                 if f < e:
                     e = f
-            key = nxt + e - r.num_computed_tokens - 1
-            if key < nxt:
-                key = nxt
+            key = tick + e - r.num_computed_tokens - ahead
+            if key < tick:
+                key = tick
             bucket = edges.get(key)
             if bucket is None:
                 edges[key] = [entry]
             else:
                 bucket.append(entry)
-        return True
 
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
         if not finished:
@@ -625,8 +634,25 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
 
     # --- pure-decode stretches (Policy.decode_stretch) --------------------------------------
     def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
-        self._edges = None  # k tokens each at once: the edge calendar is rebuilt at the next bulk step
-        return PagedDecodeStretch.advance_decodes(self, batch, k)
+        """The KV work of ``k`` pure-decode steps (:class:`PagedDecodeStretch`), and the edge
+        calendar moved ``k`` ticks on: the requests due inside the stretch (their edges were
+        crossed there) are entered again at their next edge; the others' edges are unchanged."""
+        out = PagedDecodeStretch.advance_decodes(self, batch, k)
+        edges = self._edges
+        if edges is not None:
+            tick = self._tick
+            end = tick + k
+            if k < len(edges):
+                keys = [t for t in range(tick, end) if t in edges]
+            else:
+                keys = [t for t in edges if t < end]
+            due = []
+            for t in keys:
+                due += edges.pop(t)
+            self._tick = end
+            if due:
+                self._reenter(due, end)
+        return out
 
     def decode_stretch(self) -> tuple[list[Request], int] | None:
         """After a step that scheduled every running request and completed each one's tokens,

@@ -136,6 +136,10 @@ class StepPlan:
     # offloading) instead of adding to it (LMCache's synchronous load)
     kv_loads: dict[str, tuple[int, float]] | None = None
     kv_load_async: bool = False
+    # the first ``num_decodes`` scheduled requests are one-token decodes of requests that emitted
+    # a token in the previous step (vllm-v1's bulk decode pass): each emits one token at the end
+    # of this step, continuing its run, so the engine need not check them one condition at a time
+    num_decodes: int = 0
 
     def add(self, req: Request, n: int, context: int) -> None:
         self.scheduled.append(req)

@@ -440,6 +440,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             if c < r.prompt_tokens + r.num_output_tokens:
                 ready = False  # still prefilling: it emits no token this step
         plan.scheduled, plan.num_new_tokens, plan.context = sched, sched_n, context
+        if bulk is not None and not spec_k:
+            plan.num_decodes = nb
         self._stored_tokens += sum(sched_n)
         self._decode_ready = ready
         if bulk is not None and self._edges is not None:
@@ -634,24 +636,29 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
 
     # --- pure-decode stretches (Policy.decode_stretch) --------------------------------------
     def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
-        """The KV work of ``k`` pure-decode steps (:class:`PagedDecodeStretch`), and the edge
-        calendar moved ``k`` ticks on: the requests due inside the stretch (their edges were
-        crossed there) are entered again at their next edge; the others' edges are unchanged."""
-        out = PagedDecodeStretch.advance_decodes(self, batch, k)
+        """The KV work of ``k`` pure-decode steps (:class:`PagedDecodeStretch`) for the requests
+        the edge calendar has due inside the stretch (the others cross no block edge there), and
+        the calendar moved ``k`` ticks on: those are entered again at their next edge."""
         edges = self._edges
-        if edges is not None:
-            tick = self._tick
-            end = tick + k
-            if k < len(edges):
-                keys = [t for t in range(tick, end) if t in edges]
-            else:
-                keys = [t for t in edges if t < end]
-            due = []
-            for t in keys:
-                due += edges.pop(t)
-            self._tick = end
-            if due:
-                self._reenter(due, end)
+        if edges is None or batch is not self.running:
+            self._edges = None
+            return PagedDecodeStretch.advance_decodes(self, batch, k)
+        tick = self._tick
+        end = tick + k
+        if k < len(edges):
+            keys = [t for t in range(tick, end) if t in edges]
+        else:
+            keys = [t for t in edges if t < end]
+        due = []
+        for t in keys:
+            due += edges.pop(t)
+        running = Status.RUNNING
+        due = [e for e in due if e[1].status is running]
+        due.sort()  # by rank: running order
+        out = PagedDecodeStretch.advance_decodes(self, batch, k, [e[1] for e in due])
+        self._tick = end
+        if due:
+            self._reenter(due, end)
         return out
 
     def decode_stretch(self) -> tuple[list[Request], int] | None:

@@ -252,7 +252,7 @@ class Replica:
         if plan.spec_tokens is not None:
             self._verified_step(plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed)
             return
-        finished = emit_step_tokens(plan.scheduled, self.records, len(self.steps), now)
+        finished = emit_step_tokens(plan.scheduled, self.records, len(self.steps), now, None, plan.num_decodes)
         self.policy.finish_step(plan, finished)
         for req in finished:
             self._end(self.records[req.id], "finished")

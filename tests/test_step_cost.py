@@ -58,3 +58,28 @@ def test_edge_calendar_decides_what_a_full_scan_decides(case, fast_forward, monk
     assert_same_run(kept, scanned)
     if case == "pressure":
         assert kept[0]["preemptions"].sum() > 0
+
+
+@pytest.mark.parametrize("case", ["plain", "pressure", "shared-prefixes"])
+def test_bulk_decode_emission_is_what_the_full_check_gives(case, monkeypatch):
+    """``StepPlan.num_decodes`` lets the engine emit the bulk decodes' tokens without checking
+    each one's prompt, first token and run; the reference checks every request."""
+    import sim.engine as engine
+    from sim.metrics import requests
+
+    make_specs, limits, knobs = CASES[case]
+    specs = make_specs()
+    seen = []
+
+    def counting(scheduled, records, step, now, on_token=None, decodes=0):
+        seen.append(decodes)
+        return requests.emit_step_tokens(scheduled, records, step, now, on_token, decodes)
+
+    monkeypatch.setattr(engine, "emit_step_tokens", counting)
+    short = simulate("vllm-v1", specs, limits, fast_forward=False, **knobs)
+    assert sum(seen) > 1000, "hardly any bulk decodes: the comparison proves little"
+    monkeypatch.setattr(engine, "emit_step_tokens",
+                        lambda scheduled, records, step, now, on_token=None, decodes=0:
+                        requests.emit_step_tokens(scheduled, records, step, now, on_token))
+    checked = simulate("vllm-v1", specs, limits, fast_forward=False, **knobs)
+    assert_same_run(short, checked)

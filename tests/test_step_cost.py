@@ -83,3 +83,24 @@ def test_bulk_decode_emission_is_what_the_full_check_gives(case, monkeypatch):
                         requests.emit_step_tokens(scheduled, records, step, now, on_token))
     checked = simulate("vllm-v1", specs, limits, fast_forward=False, **knobs)
     assert_same_run(short, checked)
+
+
+def test_step_shape_of_a_plan_with_leading_decodes_equals_step_shape():
+    """``fast_step_shape`` trusts ``num_decodes`` and classifies only the rest, one by one: the
+    same shape, floats included, as ``step_shape`` visiting every request."""
+    import random
+
+    from policies.base import Request, StepPlan
+    from sim.engine import fast_step_shape
+    from sim.latency.base import step_shape
+
+    rng = random.Random(8)
+    for _ in range(500):
+        plan = StepPlan()
+        nd = rng.randint(1, 30)
+        for i in range(nd):
+            plan.add(Request(f"d{i}", 0.0, 10, 10), 1, rng.randint(1, 5000))
+        for i in range(rng.choice([0, 0, 1, 3])):  # admissions after the bulk: chunks, 1-token prompts
+            plan.add(Request(f"p{i}", 0.0, 10, 10), rng.choice([1, rng.randint(1, 4000)]), rng.choice([0, 0, 17]))
+        plan.num_decodes = nd
+        assert fast_step_shape(plan) == step_shape(plan)

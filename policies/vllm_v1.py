@@ -166,7 +166,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._lookahead = 0  # KV slots allocated beyond a step's tokens (speculative decoding)
         # the edge calendar of consecutive bulk decode steps (see _bulk_decodes): pure-decode
         # tick -> (rank, request) due at that tick; None: to be rebuilt from the running list
-        self._edges: dict[int, list[tuple[int, Request]]] | None = None
+        self._edges: dict[int, list[tuple[int, Request, Any]]] | None = None
         self._tick = 0  # pure-decode steps taken since the calendar was built
         self._ranks = 0  # ranks given so far (a request's rank orders it as the running list does)
 
@@ -489,45 +489,36 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
     def _enter(self, reqs: list[Request], tick: int) -> None:
         """Put decode-ready requests (in running order, after every one already in) into the
         calendar: each at the tick of its next block edge, counted from ``tick`` at its
-        current context."""
-        edges, states = self._edges, self.kv.request_states()
-        B, caching = self.kv.block_size, self.kv.enable_caching
+        current context. An entry is ``(rank, request, its KV state)``."""
+        states = self.kv.request_states()
         rank = self._ranks
+        entries = []
         for r in reqs:
-            st = states[r]
-            e = len(st.blocks) * B  # position that needs a new block
-            if caching:
-                f = (st.num_cached_blocks + 1) * B - 1  # context that fills the next block to register
-                if f < e:
-                    e = f
-            key = tick + e - r.num_computed_tokens
-            if key < tick:
-                key = tick
-            entry = (rank, r)
+            entries.append((rank, r, states[r]))
             rank += 1
-            bucket = edges.get(key)
-            if bucket is None:
-                edges[key] = [entry]
-            else:
-                bucket.append(entry)
         self._ranks = rank
+        self._reenter(entries, tick)
 
-    def _decode_edges(self, due: list[tuple[int, Request]], tick: int) -> bool:
+    def _decode_edges(self, due: list[tuple[int, Request, Any]], tick: int) -> bool:
         """The KV work of the bulk step at ``tick`` for the requests due then, in running order:
         False (nothing changed) when their new blocks do not fit."""
         kv = self.kv
         B = kv.block_size
-        states = kv.request_states()
         caching = kv.enable_caching
-        running = Status.RUNNING
-        due = [e for e in due if e[1].status is running]  # finished ones leave the calendar here
         if len(due) > 1:
             due.sort()  # by rank: running order
-        fills, edge, grow = [], [], []
-        for _, r in due:
-            st, c = states[r], r.num_computed_tokens
-            if c >= len(st.blocks) * B:
+        live, fills, edge, grow, grow_ctx = [], [], [], [], []
+        for entry in due:
+            st = entry[2]
+            blocks = st.blocks
+            if not blocks:
+                continue  # finished (its blocks were freed): it leaves the calendar here
+            live.append(entry)
+            r = entry[1]
+            c = r.num_computed_tokens
+            if c >= len(blocks) * B:
                 grow.append(st)  # needs a block
+                grow_ctx.append(c)
                 edge.append(r)
             elif caching and (c + 1) // B > st.num_cached_blocks:
                 if st.num_cached_blocks >= st.shared:
@@ -540,7 +531,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             if len(grow) == len(edge) and kv.tiers is None and all(st.num_cached_blocks >= st.shared for st in grow):
                 # each needs one block and registers nothing but by count: one pop of the free queue
                 # hands out the blocks those allocate_slots calls would, in the same order
-                kv.append_decode_blocks(grow, [r.num_computed_tokens for r in edge])
+                kv.append_decode_blocks(grow, grow_ctx)
             else:
                 for r in edge:
                     if kv.allocate_slots(r, 1) is None:
@@ -548,28 +539,28 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         for st, full in fills:  # what allocate_slots' fast path does for them
             st.num_cached_blocks = full
         # their next edges, from the next tick at one more token (an edge is at or past it)
-        self._reenter(due, tick + 1, 1)
+        self._reenter(live, tick + 1, 1)
         return True
 
-    def _reenter(self, due: list[tuple[int, Request]], tick: int, ahead: int = 0) -> None:
-        """Enter calendar entries again (ranks kept) at their next edge, counted from ``tick``,
-        at which each request's context will be ``ahead`` tokens past its current one; finished
-        requests are dropped."""
+    def _reenter(self, entries: list[tuple[int, Request, Any]], tick: int, ahead: int = 0) -> None:
+        """Enter calendar entries (ranks kept) at their next edge, counted from ``tick``, at
+        which each request's context will be ``ahead`` tokens past its current one: the first
+        context that needs a new block (``len(blocks) * B``) or, with caching, fills the next
+        block to register (``(num_cached_blocks + 1) * B - 1``). Finished requests are dropped."""
         kv = self.kv
-        B, caching, states = kv.block_size, kv.enable_caching, kv.request_states()
+        B, caching = kv.block_size, kv.enable_caching
         edges = self._edges
-        running = Status.RUNNING
-        for entry in due:
-            r = entry[1]
-            if r.status is not running:
-                continue
-            st = states[r]
+        base = tick - ahead
+        for entry in entries:
+            st = entry[2]
             e = len(st.blocks) * B
+            if not e:
+                continue  # finished
             if caching:
                 f = (st.num_cached_blocks + 1) * B - 1
                 if f < e:
                     e = f
-            key = tick + e - r.num_computed_tokens - ahead
+            key = base + e - entry[1].num_computed_tokens
             if key < tick:
                 key = tick
             bucket = edges.get(key)
@@ -640,7 +631,9 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         the edge calendar has due inside the stretch (the others cross no block edge there), and
         the calendar moved ``k`` ticks on: those are entered again at their next edge."""
         edges = self._edges
-        if edges is None or batch is not self.running:
+        if edges is None or batch is not self.running or k >= self.kv.block_size:
+            # a stretch of a block or more takes nearly every request across an edge: a full scan
+            # here and a rebuild at the next bulk step cost less than moving the calendar on
             self._edges = None
             return PagedDecodeStretch.advance_decodes(self, batch, k)
         tick = self._tick
@@ -652,8 +645,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         due = []
         for t in keys:
             due += edges.pop(t)
-        running = Status.RUNNING
-        due = [e for e in due if e[1].status is running]
+        due = [e for e in due if e[2].blocks]  # finished ones (blocks freed) leave
         due.sort()  # by rank: running order
         out = PagedDecodeStretch.advance_decodes(self, batch, k, [e[1] for e in due])
         self._tick = end

@@ -169,6 +169,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._edges: dict[int, list[tuple[int, Request, Any]]] | None = None
         self._tick = 0  # pure-decode steps taken since the calendar was built
         self._ranks = 0  # ranks given so far (a request's rank orders it as the running list does)
+        self._bulk_run = 0  # bulk steps since the calendar was dropped (the first one scans the batch)
 
     # --- speculative decoding ---------------------------------------------------------------
     supports_speculation = True
@@ -276,7 +277,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         bulk = self._bulk_decodes(token_budget) if self._decode_ready else None
         spec_k, lookahead = self.num_speculative_tokens, self._lookahead
         if bulk is None:
-            self._edges = None  # requests advance by other amounts than one token: rebuild
+            self._drop_edges()  # requests advance by other amounts than one token: rebuild
             i = 0
         else:
             i = len(running)
@@ -446,7 +447,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._decode_ready = ready
         if bulk is not None and self._edges is not None:
             if not ready or not self._keep_edges:
-                self._edges = None
+                self._drop_edges()
             elif len(sched) > nb:  # admitted this step, decode-ready from the next tick on
                 self._enter(sched[nb:], self._tick)
         return plan
@@ -475,16 +476,37 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         edges = self._edges
         tick = self._tick
         if edges is None:
+            if not self._bulk_run:
+                # a lone bulk step (after a chunked prefill, a long stretch, ...) scans the batch:
+                # building the calendar pays only from the second bulk step in a row on
+                kv = self.kv
+                B = kv.block_size
+                states = kv.request_states()
+                sts = [states[r] for r in running]
+                if kv.enable_caching:
+                    # at the end of its block table (needs a block) or about to fill a block not yet registered
+                    marked = [i for i, (st, c) in enumerate(zip(sts, context))
+                              if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks]
+                else:
+                    marked = [i for i, (st, c) in enumerate(zip(sts, context)) if c >= len(st.blocks) * B]
+                if marked and not self._decode_edges([(i, running[i], sts[i]) for i in marked], 0, False):
+                    return None  # someone may be preempted: the request-by-request pass decides
+                self._bulk_run = 1
+                return context
             edges, tick = self._edges, self._tick = {}, 0
             self._ranks = 0
             self._enter(running, 0)
         due = edges.pop(tick, None)
         if due:
             if not self._decode_edges(due, tick):
-                self._edges = None  # someone may be preempted: the request-by-request pass decides
+                self._drop_edges()  # someone may be preempted: the request-by-request pass decides
                 return None
         self._tick = tick + 1
         return context
+
+    def _drop_edges(self) -> None:
+        self._edges = None
+        self._bulk_run = 0
 
     def _enter(self, reqs: list[Request], tick: int) -> None:
         """Put decode-ready requests (in running order, after every one already in) into the
@@ -499,9 +521,10 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._ranks = rank
         self._reenter(entries, tick)
 
-    def _decode_edges(self, due: list[tuple[int, Request, Any]], tick: int) -> bool:
+    def _decode_edges(self, due: list[tuple[int, Request, Any]], tick: int, reenter: bool = True) -> bool:
         """The KV work of the bulk step at ``tick`` for the requests due then, in running order:
-        False (nothing changed) when their new blocks do not fit."""
+        False (nothing changed) when their new blocks do not fit. ``reenter``: put them back
+        in the calendar at their next edge."""
         kv = self.kv
         B = kv.block_size
         caching = kv.enable_caching
@@ -528,7 +551,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         if len(grow) > kv.num_free_blocks:
             return False
         if edge:
-            if len(grow) == len(edge) and kv.tiers is None and all(st.num_cached_blocks >= st.shared for st in grow):
+            if len(grow) == len(edge) and kv.tiers is None and (
+                    not caching or all(st.num_cached_blocks >= st.shared for st in grow)):
                 # each needs one block and registers nothing but by count: one pop of the free queue
                 # hands out the blocks those allocate_slots calls would, in the same order
                 kv.append_decode_blocks(grow, grow_ctx)
@@ -538,8 +562,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
                         raise AssertionError(f"{r.id}: a counted block did not fit")
         for st, full in fills:  # what allocate_slots' fast path does for them
             st.num_cached_blocks = full
-        # their next edges, from the next tick at one more token (an edge is at or past it)
-        self._reenter(live, tick + 1, 1)
+        if reenter:  # their next edges, from the next tick at one more token (an edge is at or past it)
+            self._reenter(live, tick + 1, 1)
         return True
 
     def _reenter(self, entries: list[tuple[int, Request, Any]], tick: int, ahead: int = 0) -> None:
@@ -622,7 +646,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._heap.clear()
         self._stored_tokens = 0
         self._decode_ready = False
-        self._edges = None
+        self._drop_edges()
         return out
 
     # --- pure-decode stretches (Policy.decode_stretch) --------------------------------------
@@ -633,8 +657,9 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         edges = self._edges
         if edges is None or batch is not self.running or k >= self.kv.block_size:
             # a stretch of a block or more takes nearly every request across an edge: a full scan
-            # here and a rebuild at the next bulk step cost less than moving the calendar on
-            self._edges = None
+            # here costs less than moving the calendar on (a short one leaves a pending build be)
+            if edges is not None or k >= self.kv.block_size:
+                self._drop_edges()
             return PagedDecodeStretch.advance_decodes(self, batch, k)
         tick = self._tick
         end = tick + k

@@ -14,7 +14,8 @@ precision, engine, kernel-database version), simulates the row closed-loop
 (``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
 limits, ``--rounds`` requests per client, the clients' phases as ``--phase`` says (default: spread
 evenly over one cycle, the steady state of a long benchmark; :data:`PHASE`), and reports the signed error of mean TTFT and mean TPOT per row, and per
-(GPU, engine, model) group the median and p90 of |error| and the median signed error.
+(GPU, engine, model) group, and per group and TP degree (issue #29's bounds are per TP degree; also
+in ``--json`` as ``groups_by_layout``), the median and p90 of |error| and the median signed error.
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
@@ -131,6 +132,12 @@ class Row:
     @property
     def group(self) -> str:
         return f"{self.system} {self.engine} {self.model}"
+
+    @property
+    def layout(self) -> str:
+        """The row's parallel layout as issue #29 breaks the errors down (``tp4``; rows with expert or
+        attention data parallelism are skipped before this, :func:`_layout_skip`)."""
+        return f"tp{self.tp}"
 
 
 def read_rows(path: Path | None = None) -> list[Row]:
@@ -295,6 +302,7 @@ class Result:
     group: str
     ttft_ms: float
     tpot_ms: float
+    layout: str = ""  # Row.layout: the per-TP breakdown's key beside the group
     sim_ttft_ms: float = float("nan")
     sim_tpot_ms: float = float("nan")
     ttft_err: float = float("nan")
@@ -328,7 +336,7 @@ def simulate(args) -> Result:
     from sim.errors import CbsimError
 
     t0 = time.perf_counter()
-    res = Result(row.id, row.group, row.ttft_ms, row.tpot_ms)
+    res = Result(row.id, row.group, row.ttft_ms, row.tpot_ms, row.layout)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -365,11 +373,14 @@ def quantile(xs: list[float], q: float) -> float:
     return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
 
 
-def groups(results: list[Result]) -> dict[str, dict]:
+def groups(results: list[Result], by_layout: bool = False) -> dict[str, dict]:
+    """Median and p90 of |error| and the median signed error per (GPU, engine, model) group, or per
+    group and parallel layout (``by_layout``: "h100_sxm trtllm Qwen/Qwen3-32B tp4"), which is how
+    issue #29 states its bounds (per TP degree)."""
     by: dict[str, list[Result]] = defaultdict(list)
     for r in results:
         if not r.error:
-            by[r.group].append(r)
+            by[f"{r.group} {r.layout}" if by_layout and r.layout else r.group].append(r)
     out = {}
     for g, rs in sorted(by.items()):
         entry = {"rows": len(rs)}
@@ -411,6 +422,12 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
     print(f"\n{'group (GPU engine model)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} {'signed':>7s}  "
           f"{'TPOT |err| med':>14s} {'p90':>7s} {'signed':>7s}")
     for g, e in groups(results).items():
+        t, p = e["ttft"], e["tpot"]
+        print(f"{g:58s} {e['rows']:4d}  {t['median_abs']:14.1%} {t['p90_abs']:7.1%} {t['median_signed']:+7.1%}  "
+              f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
+    print(f"\n{'per parallel layout (group, TP degree)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} "
+          f"{'signed':>7s}  {'TPOT |err| med':>14s} {'p90':>7s} {'signed':>7s}")
+    for g, e in groups(results, by_layout=True).items():
         t, p = e["ttft"], e["tpot"]
         print(f"{g:58s} {e['rows']:4d}  {t['median_abs']:14.1%} {t['p90_abs']:7.1%} {t['median_signed']:+7.1%}  "
               f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
@@ -538,7 +555,8 @@ def main(argv=None) -> int:
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
               "phase": args.phase, "wall_s": wall,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
-              "rows": [asdict(r) for r in results], "groups": groups(results)}
+              "rows": [asdict(r) for r in results], "groups": groups(results),
+              "groups_by_layout": groups(results, by_layout=True)}
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1, default=str))
     for table in args.stamp:

@@ -299,6 +299,8 @@ class Policy:
     # how many were accepted) hands the rejected counts back through ``reject_drafts`` before it
     # emits the accepted tokens plus one.
     supports_speculation: ClassVar[bool] = False
+    # the drafters the engine ships (the scenario's ``speculative.method`` values it accepts)
+    speculative_methods: ClassVar[tuple[str, ...]] = ("ngram", "eagle", "eagle3", "mtp", "draft")
     num_speculative_tokens: int = 0
 
     def enable_speculation(self, num_speculative_tokens: int, num_lookahead_tokens: int = 0) -> None:

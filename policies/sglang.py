@@ -54,8 +54,31 @@ prompts of ``max_model_len`` tokens or more, or larger than the pool, and admits
 in an idle engine if its prompt fits (SGLang's clip of ``max_new_tokens`` to the pool would make
 it admissible there). A lone running request whose next token cannot fit is rejected with a
 reason (SGLang aborts it, or raises in older releases). ``random`` ordering uses a fixed seed.
-Not modelled: priority scheduling and its preemption, hierarchical cache, speculative decoding,
-overlap scheduling, data parallelism, LoRA, grammar queues.
+Speculative decoding (:meth:`SglangPolicy.enable_speculation`; SGLang's EAGLE worker, chains only:
+``--speculative-eagle-topk 1``, ``--speculative-num-steps k``, ``--speculative-num-draft-tokens k + 1``;
+every ``--speculative-algorithm``: EAGLE, EAGLE3, NEXTN/MTP, STANDALONE (a draft model), NGRAM):
+
+* ``server_args.py`` ``_handle_speculative_decoding`` turns ``enable_mixed_chunk`` off (and the
+  overlap scheduler, not modelled anyway) and sets ``max_running_requests`` to 48 when it is unset
+  (``sim.speculative.setup`` applies the 48 when neither the knob nor ``engine.max_num_seqs`` is given).
+* Prefill batches carry no drafts: the draft model extends over the prompt in the same iteration
+  (``forward_draft_extend``) and proposes the first ``k`` drafts, so every request of the running
+  batch verifies ``k`` drafts in each decode batch: ``num_draft_tokens = k + 1`` tokens per request
+  in the target's verify pass (``EagleVerifyInput``), cut only by the context length.
+* Memory: the decode check asks for ``decode_mem_cache_buf_multiplier = num_draft_tokens +
+  topk · num_steps`` (``scheduler.py`` ``init_memory_pool_and_cache``; ``num_draft_tokens + 1``
+  for NGRAM, whose steps and top-k are unset) times the next decode's new pages
+  (``check_decode_mem(buf_multiplier)``), which covers the verify slots and the draft steps' slots
+  (those are taken and given back within the iteration, ``alloc_token_slots(..., backup_state=True)``
+  and ``restore_state`` in ``eagle_worker.py`` ``draft``); retraction aims at the same need. The
+  verify pass allocates ``k + 1`` slots per request (``prepare_for_verify``) and frees the rejected
+  ones after it (``verify``: ``token_to_kv_pool_allocator.free`` of the evicted slots), so a request
+  holds the pages of its accepted tokens only.
+
+No decode fast-forward while speculating (every step's emission depends on a draw).
+
+Not modelled: priority scheduling and its preemption, hierarchical cache, tree drafting
+(``--speculative-eagle-topk > 1``), overlap scheduling, data parallelism, LoRA, grammar queues.
 """
 
 from __future__ import annotations
@@ -216,6 +239,33 @@ class SglangPolicy(Policy):
         self.num_retractions = 0
         self.admission_hits: dict[str, int] = {}  # radix hits of this step's admissions
         self.blocks = HeldSlotsView(self)
+        self.spec_buf = 1  # decode_mem_cache_buf_multiplier (1 without speculation)
+
+    # --- speculative decoding (see the module doc) ------------------------------------------------
+    supports_speculation = True
+
+    def enable_speculation(self, num_speculative_tokens: int, num_lookahead_tokens: int = 0) -> None:
+        """Verify ``num_speculative_tokens`` drafts per running request in every decode batch;
+        ``num_lookahead_tokens`` > 0 marks a model drafter (EAGLE, MTP, STANDALONE: ``topk · num_steps``
+        draft slots in the memory check), 0 the n-gram one."""
+        k = int(num_speculative_tokens)
+        if k < 1 or num_lookahead_tokens < 0:
+            raise ValueError(f"sglang speculative_num_steps must be >= 1, got {num_speculative_tokens}")
+        self.num_speculative_tokens = k
+        self.spec_buf = (k + 1) + (k if num_lookahead_tokens else 1)
+        self.mixed = False  # _handle_speculative_decoding: mixed chunked prefill is disabled
+
+    def reject_drafts(self, plan: StepPlan, rejected: list[int]) -> None:
+        """After the verify pass: the rejected drafts' slots go back to the pool (whole pages)."""
+        cache = self.cache
+        for r, n in zip(plan.scheduled, rejected):
+            if n:
+                r.num_computed_tokens -= n
+                st = self._state[r]
+                keep = cache.ceil_page(r.num_computed_tokens)
+                if keep < st.alloc:
+                    cache.free_private(st.alloc - keep)
+                    st.alloc = keep
 
     # --- helpers -----------------------------------------------------------------------------
     def _st(self, req: Request) -> _ReqKV:
@@ -245,7 +295,9 @@ class SglangPolicy(Policy):
             return
         cache = self.cache
         if insert and cache.enabled:
-            n = req.num_computed_tokens  # tokens with KV (the last sampled token has none)
+            # tokens with KV (the last sampled token has none; accepted drafts past a stop are
+            # not the request's tokens: SGLang trims its output at the stop)
+            n = min(req.num_computed_tokens, req.num_tokens)
             aligned = cache.floor_page(n)
             if aligned > st.cached:
                 cache.insert(request_tokens(req, aligned), aligned, st.cached)
@@ -297,12 +349,16 @@ class SglangPolicy(Policy):
         if self._rejected:
             plan.rejected, self._rejected = self._rejected, []
         self.admission_hits: dict[str, int] = {}
+        if self.num_speculative_tokens:
+            plan.spec_tokens = []  # filled by a verify batch; a prefill batch verifies no drafts
         for _ in range(2):  # an iteration that ran nothing is idle; SGLang's loop tries again at once
             if not self._prefill(plan):
                 self._decode(plan)
             if plan.scheduled:
                 break
             self._idle()
+        if plan.spec_tokens is not None and len(plan.spec_tokens) != len(plan.scheduled):
+            plan.spec_tokens = [0] * len(plan.scheduled)
         if self._rejected:
             plan.rejected.extend(self._rejected)
             self._rejected = []
@@ -410,8 +466,13 @@ class SglangPolicy(Policy):
         return p * sum(1 for r in reqs if r.num_computed_tokens % p == 0)
 
     def _decode_fits(self, reqs: list[Request]) -> bool:
-        """``check_decode_mem``: evict for the next decode's new pages, then see if they fit."""
-        need = self._decode_need(reqs)
+        """``check_decode_mem``: evict for the next decode's new pages (times the speculative
+        buffer multiplier), then see if they fit."""
+        need = self._decode_need(reqs) * self.spec_buf
+        if self.num_speculative_tokens and self.page > 1:
+            # cbsim: at least the verify's own pages (SGLang counts requests at a page boundary
+            # only, which k + 1 tokens can cross without being at one)
+            need = max(need, sum(g[3] - g[1].alloc for g in self._verify_growth(reqs) if g[3] > g[1].alloc))
         cache = self.cache
         if cache.free < need:
             cache.evict(need)
@@ -437,6 +498,8 @@ class SglangPolicy(Policy):
     def _run_decodes(self, plan: StepPlan) -> list[Request]:
         """``prepare_for_decode``: one slot (a new page at a page boundary) for each request."""
         cache, p = self.cache, self.page
+        if self.num_speculative_tokens:
+            return self._run_verify(plan)
         need = self._decode_need(self.running)
         if not cache.alloc(need):
             raise AssertionError("sglang: a checked decode did not fit")
@@ -446,6 +509,32 @@ class SglangPolicy(Policy):
             plan.add(r, 1, r.num_computed_tokens)
             r.num_computed_tokens += 1
         return list(self.running)
+
+    def _run_verify(self, plan: StepPlan) -> list[Request]:
+        """A speculative decode batch: each request verifies its drafts, ``k + 1`` slots each
+        (``prepare_for_verify``), fewer only at the context length."""
+        cache, spec = self.cache, plan.spec_tokens
+        grow = self._verify_growth(self.running)
+        need = sum(max(a - st.alloc, 0) for _r, st, _d, a in grow)
+        if not cache.alloc(need):
+            raise AssertionError("sglang: a checked verify batch did not fit")
+        for r, st, d, a in grow:
+            if a > st.alloc:
+                st.alloc = a
+            plan.add(r, 1 + d, r.num_computed_tokens)
+            spec.append(d)
+            r.num_computed_tokens += 1 + d
+        return list(self.running)
+
+    def _verify_growth(self, reqs: list[Request]) -> list[tuple[Request, _ReqKV, int, int]]:
+        """(request, its KV, drafts, slots it holds after the verify's allocation) per request."""
+        cache, k, max_len = self.cache, self.num_speculative_tokens, self.limits.max_model_len
+        out = []
+        for r in reqs:
+            d = min(k, max_len - 1 - r.num_tokens)
+            d = d if d > 0 else 0
+            out.append((r, self._state[r], d, cache.ceil_page(r.num_computed_tokens + 1 + d)))
+        return out
 
     def _retract(self, plan: StepPlan) -> None:
         running = self.running

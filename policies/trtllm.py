@@ -67,8 +67,34 @@ Where cbsim differs, on purpose and without changing a decision the engine makes
   reservation larger than the whole pool, a context longer than ``max_num_tokens`` with chunking
   off (``TLLM_CHECK`` in the micro-batch scheduler), a paused context larger than the pool.
 
-Not modelled: ``max_attention_window`` (cyclic KV of sliding windows), beam search, draft tokens,
-LoRA pages, pipeline-parallel micro-batches (``inflight_request_ids``), host KV offload, the
+Speculative decoding (:meth:`TrtllmPolicy.enable_speculation`; the PyTorch backend's
+``speculative_config``: ``Eagle3DecodingConfig``, ``MTPDecodingConfig``, ``NGramDecodingConfig``,
+``DraftTargetDecodingConfig``, with ``max_draft_len`` = ``k``; EAGLE-1/2 heads run only on the
+TensorRT engine backend, so ``eagle`` is refused):
+
+* A context's forward also drafts (the one-model EAGLE-3/MTP workers run the draft layers in the
+  same pass; the two-model drafters right after it), so from its first generation step every
+  request verifies ``k`` drafts.
+* **Micro-batch scheduler**: a generation request counts ``beamWidth + getNumDraftTokens()`` =
+  ``1 + k`` tokens against ``max_num_tokens``, and the first one that overflows stops the pass as
+  a decode does (``microBatchScheduler.cpp`` ``operator()``, the generation branch).
+* **KV**: each generation step adds ``1 + k`` tokens to the sequence (``resource_manager.py``
+  ``KVCacheManager.prepare_resources``: ``add_token`` once, then once per draft); after the step
+  ``update_resources`` rewinds the rejected ones (``rewind_kv_cache(request, py_rewind_len)``,
+  ``py_rewind_len = drafts - accepted`` in ``sampler.py``). ``getNeededBlocksOneStep`` sizes a
+  generation step as ``min(1 + k, max_new_tokens - generated)`` tokens
+  (``kvCacheManager.cpp``), so drafts never run past the request's reservation; cbsim cuts ``k``
+  the same way. ``getRemainingBlocksToCompletion`` (GUARANTEED_NO_EVICT) counts prompt +
+  ``max_new_tokens`` only, drafts excluded.
+
+Where speculation differs here: rewound slots stay in the request's blocks until it ends or is
+paused (TensorRT-LLM frees a block the rewind empties), so the capacity checks count the blocks a
+generating request really holds; at most ``ceil(k / tokens_per_block)`` blocks per request, and the
+next step writes over them. The one-model workers' ``num_extra_kv_tokens`` (``k - 1`` slots per
+request, ``speculative/utils.py`` ``get_num_extra_kv_tokens``) are not reserved. No decode
+fast-forward while speculating.
+
+Not modelled: ``max_attention_window`` (cyclic KV of sliding windows), beam search, LoRA pages, pipeline-parallel micro-batches (``inflight_request_ids``), host KV offload, the
 overlap scheduler's one-step lookahead.
 
 KV pool size: sim/hardware/trtllm_kv.py sizes it as TensorRT-LLM does, from
@@ -190,6 +216,34 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         self._started = 0  # active requests holding KV (num_computed_tokens > 0)
         self._stored_tokens = 0  # sum of num_computed_tokens over requests holding blocks
 
+    # --- speculative decoding (see the module doc) ------------------------------------------------
+    supports_speculation = True
+    speculative_methods = ("ngram", "eagle3", "mtp", "draft")  # the PyTorch backend's decoding types
+
+    def enable_speculation(self, num_speculative_tokens: int, num_lookahead_tokens: int = 0) -> None:
+        """``max_draft_len`` drafts verified per generation request and step."""
+        if num_speculative_tokens < 1:
+            raise ValueError(f"trtllm max_draft_len must be >= 1, got {num_speculative_tokens}")
+        self.num_speculative_tokens = int(num_speculative_tokens)
+
+    def reject_drafts(self, plan: StepPlan, rejected: list[int]) -> None:
+        for r, n in zip(plan.scheduled, rejected):
+            if n:  # rewind_kv_cache: the positions are no longer computed
+                r.num_computed_tokens -= n
+                self._stored_tokens -= n
+
+    def _drafts(self, r: Request) -> int:
+        """Drafts of a generation request this step: ``k``, cut to what its reservation still
+        holds (``min(1 + k, max_new_tokens - generated)`` tokens, ``getNeededBlocksOneStep``)."""
+        d = self._total_tokens(r) - r.num_tokens
+        k = self.num_speculative_tokens
+        return k if d > k else (d if d > 0 else 0)
+
+    def _held_blocks(self, r: Request) -> int:
+        """Blocks a generating request really holds while speculating (rewound slots included)."""
+        st = self.kv.request_states().get(r)
+        return len(st.blocks) if st is not None else 0
+
     # --- requests in and out ---------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         lim, B = self.limits, self.B
@@ -248,6 +302,8 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             return 0
         if c and not r.policy_state:
             return _cdiv(r.num_tokens, self.B)
+        if self.num_speculative_tokens and r.policy_state:
+            return self._held_blocks(r)
         return _cdiv(c, self.B)
 
     def _free_blocks(self) -> int:
@@ -273,6 +329,8 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         if r.policy_state is HANDOFF:
             return _cdiv(c + 1, B)  # the transferred KV and its next token
         if r.policy_state:
+            if self.num_speculative_tokens:  # 1 + drafts, into the blocks it really holds
+                return max(_cdiv(c + 1 + self._drafts(r), B) - self._held_blocks(r), 0)
             return _cdiv(c + 1, B) - _cdiv(c, B)
         return 0 if c else _cdiv(r.num_tokens, B)
 
@@ -405,12 +463,14 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         n_chunked = 0
         all_fit = True
         gens: list[Request] = []
+        spec = self.num_speculative_tokens
         for r in fitting:
             if r.policy_state:
-                if batch_tokens + 1 > budget:
+                n = 1 + self._drafts(r) if spec else 1  # beamWidth + getNumDraftTokens()
+                if batch_tokens + n > budget:
                     break
                 gens.append(r)
-                batch_tokens += 1
+                batch_tokens += n
             elif not self.chunked:
                 n = r.num_tokens  # getNumTokens: the whole context
                 if batch_tokens + n > budget:
@@ -496,8 +556,10 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             self._stored_tokens += n
             if c + n == r.num_tokens:
                 r.policy_state = True  # context done: it samples its token and generates from now on
+        spec = plan.spec_tokens = [0] * len(plan.scheduled) if self.num_speculative_tokens else None
         for r in gens:
-            if kv.allocate_slots(r, 1) is None:
+            d = self._drafts(r) if spec is not None else 0
+            if kv.allocate_slots(r, 1 + d) is None:
                 raise AssertionError(f"{r.id}: a decode the capacity scheduler admitted does not fit")
             if r.policy_state is HANDOFF:  # admitted with its transferred KV: a decode from now on
                 r.policy_state = True
@@ -506,8 +568,11 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
                 self._started += 1
                 self._stored_tokens += r.num_computed_tokens
             c = r.num_computed_tokens
-            plan.add(r, 1, c)
-            r.num_computed_tokens = c + 1
+            plan.add(r, 1 + d, c)
+            r.num_computed_tokens = c + 1 + d
+            self._stored_tokens += d
+            if spec is not None:
+                spec.append(d)
         self._stored_tokens += len(gens)
         if self._rejected:
             plan.rejected, self._rejected = self._rejected, []
@@ -569,7 +634,7 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         alike. Under MAX_UTILIZATION no unstarted context may wait (it could pause a decode), and
         the decodes' blocks must fit (decode_stretch_limit), which is also its fit check."""
         active = self.active
-        if self._rejected or not active or (self.queue and len(active) < self.max_batch):
+        if self.num_speculative_tokens or self._rejected or not active or (self.queue and len(active) < self.max_batch):
             return None
         gens: list[Request] = []
         first_pending = None

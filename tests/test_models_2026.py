@@ -363,3 +363,31 @@ def test_deepseek_mtp_drafts_with_its_own_moe_layer_and_kimi_k2_has_none():
     assert summary["requests_finished"] == 8
     with pytest.raises(CbsimError, match="ships no multi-token-prediction layer"):
         run(_spec_scenario("moonshotai/Kimi-K2-Instruct"))
+
+
+def test_models_all_lists_every_architecture_it_leaves_out_with_the_reason(capsys, monkeypatch):
+    """Issue #30, "must show": ``cbsim models --all`` names every architecture cbsim leaves out beside
+    its reason (hf_config.UNSUPPORTED, all of them, whether or not a local config has it), and every
+    local config.json it cannot price says why (the architecture's reason or the weight format)."""
+    from sim.hardware.hf_config import UNSUPPORTED
+    from tests.helpers import run_cli
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per table row: the reason is never wrapped
+    code, out, _ = run_cli(capsys, "models", "--all")
+    assert code == 0
+    lines = out.splitlines()
+    for arch, why in UNSUPPORTED.items():
+        assert any(arch in line and why in line for line in lines), f"{arch}: {why!r} not listed"
+    assert any("NVFP4, AWQ, GPTQ" in line for line in lines)
+    code, out, _ = run_cli(capsys, "models", "--all", "--json")
+    import json
+
+    left = [r for r in json.loads(out) if not r["priced"]]
+    import importlib.util
+
+    if importlib.util.find_spec("aiconfigurator_core") is not None:  # its configs include DeepSeek-V3.2
+        assert any("DeepseekV32ForCausalLM" in r["notes"] for r in left)
+    for r in left:
+        reason = r["notes"].removeprefix("not priced: ")
+        assert r["notes"].startswith("not priced: ") and reason, r
+        assert any(why in reason for why in UNSUPPORTED.values()) or "quantization" in reason, r

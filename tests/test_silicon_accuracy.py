@@ -69,6 +69,24 @@ def test_group_statistics_are_median_and_p90_of_the_absolute_error():
     assert math.isnan(quantile([], 0.5))
 
 
+def test_groups_break_down_by_tp_degree():
+    """Issue #29 bounds the errors per TP degree: the layout breakdown keeps each TP's rows apart."""
+    from bench.silicon_accuracy import Result, groups
+
+    rs = [Result("a", "g", 1.0, 1.0, "tp1", ttft_err=0.1, tpot_err=0.1),
+          Result("b", "g", 1.0, 1.0, "tp1", ttft_err=0.3, tpot_err=-0.3),
+          Result("c", "g", 1.0, 1.0, "tp8", ttft_err=-0.5, tpot_err=0.05)]
+    by = groups(rs, by_layout=True)
+    assert sorted(by) == ["g tp1", "g tp8"]
+    assert by["g tp1"]["rows"] == 2 and by["g tp1"]["tpot"]["median_abs"] == pytest.approx(0.2)
+    assert by["g tp8"]["ttft"]["median_signed"] == pytest.approx(-0.5)
+    assert groups(rs)["g"]["rows"] == 3
+    from bench.silicon_accuracy import Row
+
+    assert Row(id="r", engine="trtllm", version="", model="m", system="s", precision="fp8", tp=4, isl=1, osl=1,
+               concurrency=1, ttft_ms=1.0, tpot_ms=1.0).layout == "tp4"
+
+
 def test_phase_means_count_only_the_requests_after_the_opening_wave_or_the_ramp():
     """``warm`` drops the first N sends (by send time, not id); ``spread`` drops every send before the ramp."""
     import pandas as pd

@@ -182,6 +182,26 @@ def resolve_model(model: str) -> ModelSource:
     return ModelSource(spec, synthesize_config(spec), f"config.json written from cbsim's model spec {spec.name!r}")
 
 
+DRAFT_HEADS = ("eagle", "eagle3")
+
+
+def draft_source(target: ModelSource, method: str, vocab_size: int | None = None) -> ModelSource:
+    """The EAGLE / EAGLE-3 head of ``target`` as a model AIConfigurator can compile: a one-layer
+    decoder of the target's width with the head's LM head (its config.json written from the
+    spec). The head's input projection is no layer of such a config (the drafter prices it on the
+    roofline)."""
+    from sim.speculative.draft_cost import draft_spec
+
+    if method not in DRAFT_HEADS:
+        raise CbsimError(f"--draft {method!r} is not one of {', '.join(DRAFT_HEADS)}{nearest(method, DRAFT_HEADS)}; "
+                         f"a draft model's table is that model's own (--model DRAFT_MODEL), MTP's the target's layer")
+    if getattr(target.spec, "num_experts", 0) or getattr(target.spec, "is_mla", False):
+        raise CbsimError(f"--draft {method}: heads of MoE/MLA models ({target.spec.name!r}) are not composed; "
+                         f"the drafter stays on the roofline")
+    head = draft_spec(method, target.spec, draft_vocab_size=vocab_size)
+    return ModelSource(head, synthesize_config(head), f"the {method} head of {target.origin}")
+
+
 def synthesize_config(spec) -> dict:
     """A Hugging Face config.json for a cbsim ModelSpec: Llama (dense) or Mixtral (MoE) layout,
     which is all AIConfigurator reads of it (shapes and dtype)."""
@@ -249,6 +269,11 @@ class KernelDb:
         # even for models that never touch them; keep the console to our own lines.
         logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
         self.fp8_mode = fp8_quant_mode(model.config, fp8_scaling) if dtype == "fp8" else None
+        # per-tensor FP8 GEMMs: whether the activations' scale is the checkpoint's (static) or computed
+        # every step (dynamic); the database's fp8 rows are dynamic (fp8_activation_scales)
+        self.fp8_activations = (fp8_activation_scales(engine, model.config) if self.fp8_mode == "fp8" else None)
+        if self.fp8_activations == "static" and not self._has_compute_scale_rows():
+            self.fp8_activations = "dynamic (the database has no compute_scale rows to take out)"
         kwargs = self.compile_kwargs()
         try:
             self.handle = EngineHandle.compile(self._dir.name, self.system, engine,
@@ -256,14 +281,13 @@ class KernelDb:
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CbsimError(f"{PACKAGE} cannot model {model.spec.name!r} on {self.system} in {engine} "
                              f"{self.engine_version} at tp {tp}: {exc}") from None
-        ctx_ops, _ = self.handle.run_static_per_op(batch_size=1, isl=16, osl=2)
-        self.context_ops = [name for name, *_ in ctx_ops]
-        idx = {name: i for i, name in enumerate(self.context_ops)}
-        self._attn = [i for n, i in idx.items() if self.is_attention_op(n)]
-        self._linear = [i for n, i in idx.items() if i not in self._attn and "logits" not in n]
+        # the compiled operator lists position by position: the indices evaluate_*_ops take
+        self.context_ops = spec_op_names(self.handle.evaluate_context_ops)
+        self._attn = [i for i, n in enumerate(self.context_ops) if self.is_attention_op(n)]
+        self._linear = [i for i, n in enumerate(self.context_ops) if i not in self._attn and "logits" not in n]
         # the LM head from the generation list: AIConfigurator's MoE models leave it out of their
         # context list (a per-sequence GEMM, the same kernel either way)
-        gen_ops = [name for name, *_ in self.handle.decode_step_per_op(gen_tokens=1, isl=16, osl=2)]
+        gen_ops = spec_op_names(self.handle.evaluate_generation_ops)
         self._gen_attn = [i for i, n in enumerate(gen_ops) if self.is_attention_op(n)]
         self._per_seq = [i for i, n in enumerate(gen_ops) if "logits" in n]
         if not self._attn or not self._per_seq or not self._gen_attn:
@@ -278,11 +302,21 @@ class KernelDb:
         sharded over the TP ranks, as vLLM runs them without expert parallelism).
         :mod:`calib.sources.kernel_db_moe` overrides this for expert- and data-parallel layouts."""
         quant = getattr(self, "fp8_mode", None) or ("fp8" if self.dtype == "fp8" else "bfloat16")
-        kwargs = {"tp_size": self.tp, "gemm_quant_mode": quant,
+        gemm = "fp8_static" if quant == "fp8" and getattr(self, "fp8_activations", None) == "static" else quant
+        kwargs = {"tp_size": self.tp, "gemm_quant_mode": gemm,
                   "kvcache_quant_mode": "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"}
         if getattr(self.model.spec, "num_experts", 0):
             kwargs.update(moe_quant_mode=quant, moe_tp_size=self.tp, moe_ep_size=1)
         return kwargs
+
+    def _has_compute_scale_rows(self) -> bool:
+        """Whether the database measured the dynamic scale's own cost (``quantize/<engine>/<version>/
+        computescale_perf.parquet``), which AIConfigurator's ``fp8_static`` mode takes out of its fp8 rows."""
+        import importlib.resources as res
+
+        root = Path(str(res.files("aiconfigurator_core") / "systems"))
+        data = root / self._system_yaml().get("data_dir", f"data/{self.system}")
+        return (data / "quantize" / self.engine / self.engine_version / "computescale_perf.parquet").is_file()
 
     @staticmethod
     def is_attention_op(name: str) -> bool:
@@ -403,10 +437,16 @@ class KernelDb:
 
     @staticmethod
     def _ops(rows) -> dict[str, Op]:
+        """Operator times by short name; operators of one name (gpt-oss's sliding-window and
+        full-attention layers are two ``attention`` operators) add up."""
         out: dict[str, Op] = {}
         for name, ms, _energy, source in rows:
             short = name.split("_", 1)[1] if name.startswith(("context_", "generation_")) else name
-            out[short] = Op(float(ms) * MS, str(source))
+            if short in out:
+                prev = out[short]
+                out[short] = Op(prev.seconds + float(ms) * MS, prev.source if prev.source == str(source) else "mixed")
+            else:
+                out[short] = Op(float(ms) * MS, str(source))
         return out
 
     # --- AIConfigurator's own whole-step predictions (seconds), to check the composition -----------
@@ -476,6 +516,29 @@ class KernelDb:
                 "tables": out}
 
 
+def spec_op_names(evaluate) -> list[str]:
+    """The names of a compiled operator list in its own order, one per position (``evaluate`` is
+    ``EngineHandle.evaluate_context_ops`` or ``evaluate_generation_ops``, which take positions).
+
+    Why not ``run_static_per_op`` or ``decode_step_per_op``: those fold operators of one name into
+    one entry (aic-core engine.py: "name-folded"), so their positions are not the list's once a
+    name repeats. gpt-oss has two ``context_attention`` operators (its sliding-window and its
+    full-attention layers, positions 0 and 4 of 13): read from the folded list, the second one
+    was priced inside ``linear`` as the attention of one sequence of T tokens, prefill_attn and
+    decode_attn held only the first, and ``per_seq`` took position 10 of the generation list
+    (the MoE combine, 0 ms) for the LM head (position 11: 0.32 ms at 8 sequences, vLLM, H200)."""
+    names: list[str] = []
+    while True:
+        try:
+            rows = evaluate([len(names)], batch_size=1, s=16)
+        except ValueError:  # "index N out of range (N context ops)": the end of the list
+            break
+        if not rows:
+            break
+        names.append(str(rows[0][0]))
+    return names
+
+
 FP8_SCALINGS = ("tensor", "block")
 
 
@@ -494,6 +557,34 @@ def fp8_quant_mode(config: dict, scaling: str | None = None) -> str:
         return "fp8_block" if scaling == "block" else "fp8"
     q = config.get("quantization_config") or {}
     return "fp8_block" if q.get("weight_block_size") else "fp8"
+
+
+def fp8_activation_scales(engine: str, config: dict) -> str:
+    """``static`` or ``dynamic``: how a per-tensor FP8 linear layer gets its activations' scale.
+
+    Why it matters: AIConfigurator's ``fp8`` GEMM rows time TensorRT-LLM's ``Linear`` loaded with a
+    weight scale and no ``input_scale`` (collector/trtllm/collect_gemm.py ``_build_weights``), so
+    ``FP8QDQLinearMethod.apply`` (tensorrt_llm/_torch/modules/linear.py) quantizes every input
+    dynamically with ``quantize_e4m3_per_tensor``: an amax pass over the activations before the
+    GEMM. A checkpoint with calibrated input scales takes ``static_quantize_e4m3_per_tensor``
+    instead (``load_weights_vanilla`` sets ``has_static_input_scale``). The database measures the
+    difference itself (``quantize/*/computescale_perf.parquet``: dynamic minus static, 7.3 us a
+    GEMM at 8 tokens on the H100, TensorRT-LLM 1.3.0rc20), and AIConfigurator's ``fp8_static``
+    quant mode prices a GEMM as its fp8 row less that ``compute_scale`` (sdk/perf_database.py
+    ``_gemm_key_names``). Qwen3-32B at TP 1 has 4 such GEMMs in each of 64 layers: 2.1 ms of its
+    18.4 ms decode step at 8 sequences (TensorRT-LLM, H100).
+
+    The rule: the checkpoint's own ``quantization_config.activation_scheme`` when it says;
+    otherwise ``static`` for TensorRT-LLM, whose per-tensor FP8 checkpoints are ModelOpt's, which
+    calibrates an ``input_scale`` for every linear layer (and the LLM API's own FP8 quantization
+    runs the same ModelOpt calibration), and ``dynamic`` for vLLM and SGLang, whose
+    ``--quantization fp8`` of a bf16 checkpoint computes the scale per step (vLLM ``Fp8Config``
+    ``activation_scheme`` 'dynamic')."""
+    q = config.get("quantization_config") or {}
+    scheme = str(q.get("activation_scheme") or "").lower()
+    if scheme in ("static", "dynamic"):
+        return scheme
+    return "static" if engine == "trtllm" else "dynamic"
 
 
 def priced_spec(spec, dtype: str):
@@ -731,7 +822,11 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                     if db.dtype == "fp16" else None,
                 "fp8": (f"w8a8 FP8 GEMMs and MoE, AIConfigurator quant mode {db.fp8_mode} ("
                         + ("128 x 128 block scales: the checkpoint's quantization_config.weight_block_size"
-                           if db.fp8_mode == "fp8_block" else "per-tensor scales") + "); attention and KV cache in bf16")
+                           if db.fp8_mode == "fp8_block" else "per-tensor scales") + "); attention and KV cache in bf16"
+                        + (f"; activation scales {db.fp8_activations} (fp8_activation_scales: the database's fp8 rows "
+                           "quantize the activations dynamically; static scales are priced with AIConfigurator's "
+                           "fp8_static mode, the fp8 row less its measured compute_scale, "
+                           "quantize/computescale_perf.parquet)" if db.fp8_activations else ""))
                     if db.dtype == "fp8" else None,
             },
             "known_limits": known_limits(db),
@@ -841,14 +936,22 @@ def _bisect(axis, x) -> int:
 
 def build_table(model: str, gpu: str, *, tp: int = 1, dtype: str | None = None, engine: str = "vllm",
                 engine_version: str | None = None, block_size: int = 16, max_num_batched_tokens: int = 16384,
-                max_model_len: int = 32768, max_num_seqs: int = 1024, fp8_scaling: str | None = None) -> Composition:
-    """The whole path of ``cbsim calibrate --from-kernel-db``: resolve, compose, check."""
+                max_model_len: int = 32768, max_num_seqs: int = 1024, fp8_scaling: str | None = None,
+                draft: str | None = None, draft_vocab_size: int | None = None) -> Composition:
+    """The whole path of ``cbsim calibrate --from-kernel-db``: resolve, compose, check.
+
+    ``draft`` (``eagle`` / ``eagle3``): the table of MODEL's speculative-decoding head instead, the
+    shapes ``sim.speculative.draft_cost.draft_spec`` gives it (one decoder layer at MODEL's width,
+    an LM head of ``draft_vocab_size`` rows), so that ``speculative.draft_table`` prices the
+    drafter from the same database's GEMM and attention rows."""
     for name, value in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-model-len", max_model_len),
                         ("--max-num-seqs", max_num_seqs), ("--block-size", block_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CbsimError(f"{name} must be a positive integer, got {value!r}")
     require_aiconfigurator()
     source = resolve_model(model)
+    if draft is not None:
+        source = draft_source(source, draft, draft_vocab_size)
     if dtype is None:  # the checkpoint's own: FP8 for an fp8-quantized config, else bf16
         dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
     db = KernelDb(source, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,

@@ -54,6 +54,11 @@ def calibrate_cmd(
     engine_version: str = typer.Option(None, "--engine-version",
                                        help="with --from-kernel-db: the engine version's measurements (default: "
                                             "the database's current one, e.g. vllm 0.24.0)"),
+    draft: str = typer.Option(None, "--draft", help="with --from-kernel-db: the table of --model's speculative "
+                                                    "head instead (eagle or eagle3: one layer at its width and "
+                                                    "the head's LM head), for speculative.draft_table"),
+    draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="with --draft: rows of the head's LM "
+                                         "head (default: the model's vocabulary for eagle, 32000 for eagle3)"),
     data_parallel: int = typer.Option(1, "--data-parallel", help="with --from-kernel-db: data-parallel attention "
                                       "ranks of an MoE model, stepping together for the experts (the scenario's "
                                       "hardware.data_parallel)"),
@@ -107,6 +112,11 @@ def calibrate_cmd(
         return
     if iteration_log is not None:
         raise CbsimError("--iteration-log LOG goes with --from-run RUN (the observed run the log belongs to)")
+    if (draft is not None or draft_vocab_size is not None) and not from_kernel_db:
+        raise CbsimError("--draft / --draft-vocab-size go with --from-kernel-db (the head's table is composed "
+                         "from the kernel database)")
+    if draft_vocab_size is not None and draft is None:
+        raise CbsimError("--draft-vocab-size goes with --draft eagle or eagle3")
 
     if from_llmservingsim is not None:
         if from_steplog is not None or from_kernel_db:
@@ -121,7 +131,7 @@ def calibrate_cmd(
                                  engine_version=engine_version, block_size=block_size,
                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                  max_num_seqs=max_num_seqs, data_parallel=data_parallel,
-                                 expert_parallel=expert_parallel)
+                                 expert_parallel=expert_parallel, draft=draft, draft_vocab_size=draft_vocab_size)
         return
     if data_parallel != 1 or expert_parallel:
         raise CbsimError("--data-parallel and --expert-parallel go with --from-kernel-db (the layout the kernel "
@@ -218,7 +228,8 @@ def calibrate_on_device(out: Path, *, model: str, device: str, tp: int, dtype: s
 def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, tp: int, dtype: str | None, engine: str,
                              engine_version: str | None, block_size: int, max_num_batched_tokens: int | None,
                              max_model_len: int | None, max_num_seqs: int | None, data_parallel: int = 1,
-                             expert_parallel: bool = False) -> None:
+                             expert_parallel: bool = False, draft: str | None = None,
+                             draft_vocab_size: int | None = None) -> None:
     from rich.console import Console
 
     from calib.sources import kernel_db_moe
@@ -232,7 +243,10 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     limits = {k: v for k, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len),
                                 ("max_num_seqs", max_num_seqs)) if v is not None}
     layout = kernel_db_moe.Layout(tp, data_parallel, expert_parallel)
-    if kernel_db_moe.takes(model, layout):  # MLA, 4-bit experts, expert or data parallelism
+    if draft is not None:  # the speculative head's table (dense: one layer at the model's width)
+        comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
+                           block_size=block_size, draft=draft, draft_vocab_size=draft_vocab_size, **limits)
+    elif kernel_db_moe.takes(model, layout):  # MLA, 4-bit experts, expert or data parallelism
         comp = kernel_db_moe.build_table(model, gpu, layout, dtype=dtype, engine=engine,
                                          engine_version=engine_version, block_size=block_size, **limits)
     else:

@@ -687,7 +687,7 @@ class SpecAcceptance(BaseModel):
 
 
 class Speculative(BaseModel):
-    """Speculative decoding on a policy entry (vllm-v1): a drafter proposes, the target verifies."""
+    """Speculative decoding on a policy entry (vllm-v1, sglang, trtllm): a drafter proposes, the target verifies."""
 
     model_config = _cfg()
 
@@ -696,7 +696,8 @@ class Speculative(BaseModel):
                     "head on the target's hidden states), mtp (the model's multi-token-prediction layer), "
                     "draft (a smaller model, draft_model)")
     num_speculative_tokens: int = Field(gt=0, le=MAX_SPEC_TOKENS, description="draft tokens proposed per "
-                                        "request and step, k (required; vLLM's num_speculative_tokens)")
+                                        "request and step, k (required; vLLM's num_speculative_tokens, SGLang's "
+                                        "speculative_num_steps, TensorRT-LLM's max_draft_len)")
     acceptance: SpecAcceptance = Field(description="acceptance of the drafts (required): rate, "
                                                    "per_position or mean_length")
     draft_model: str | None = Field(
@@ -708,6 +709,10 @@ class Speculative(BaseModel):
     propose_s_per_request: float | None = Field(None, ge=0, description="ngram: CPU seconds of the n-gram "
                                                 "search per proposing request and step; null: 1e-05 (an "
                                                 "assumption)")
+    draft_table: str | None = Field(None, description="latency.backend table: a latency table (a folder, "
+                                    "or a shipped table's name) of the drafter's own shapes (cbsim calibrate "
+                                    "--from-kernel-db --draft eagle3, or the draft model's table) that prices "
+                                    "its passes; null: the roofline")
 
     @model_validator(mode="after")
     def _check(self) -> Speculative:
@@ -731,6 +736,8 @@ class Speculative(BaseModel):
                 raise KeyedError("draft_model", str(exc)) from None
         if self.draft_vocab_size is not None and self.method not in ("eagle", "eagle3"):
             raise KeyedError("draft_vocab_size", f"only used by methods eagle and eagle3, not {self.method!r}")
+        if self.draft_table is not None and self.method == "ngram":
+            raise KeyedError("draft_table", "method ngram runs no model to price; drop draft_table")
         if self.propose_s_per_request is not None and self.method != "ngram":
             raise KeyedError("propose_s_per_request", f"only used by method ngram, not {self.method!r}")
         return self
@@ -743,8 +750,8 @@ class PolicyEntry(BaseModel):
 
     name: str = Field(description="policy id (required): a key of policies.registry.POLICIES")
     label: str | None = Field(None, description="the name in results and plots; default: name; unique")
-    speculative: Speculative | None = Field(None, description="speculative decoding (vllm-v1 only): "
-                                            "method, num_speculative_tokens, acceptance; null: none")
+    speculative: Speculative | None = Field(None, description="speculative decoding (vllm-v1, sglang, "
+                                            "trtllm): method, num_speculative_tokens, acceptance; null: none")
 
     @model_validator(mode="after")
     def _check(self) -> PolicyEntry:
@@ -757,6 +764,10 @@ class PolicyEntry(BaseModel):
             supported = [n for n, c in registry.items() if getattr(c, "supports_speculation", False)]
             raise KeyedError("speculative", f"policy {self.name!r} does not model speculative decoding; "
                                             f"drop the key or use {', '.join(supported)}")
+        methods = getattr(cls, "speculative_methods", SPEC_METHODS)
+        if isinstance(self.speculative, Speculative) and self.speculative.method not in methods:
+            raise KeyedError("speculative.method", f"policy {self.name!r} has no {self.speculative.method!r} "
+                                                   f"drafter; it supports {', '.join(methods)}")
         knobs = getattr(cls, "KNOBS", {})
         for key, value in (self.__pydantic_extra__ or {}).items():
             if key not in knobs:

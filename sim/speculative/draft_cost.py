@@ -24,8 +24,14 @@ proposes for them):
   on the CPU, ``propose_s_per_request`` seconds per proposing request, no GPU work.
 
 Each draft pass is charged its operators' roofline time (no fixed per-step overhead of its own:
-the step's overhead already covers the host work). The draft's weights and KV come out of the KV
-pool (``sim.speculative.setup``).
+the step's overhead already covers the host work). With ``speculative.draft_table`` (a latency
+table of the drafter's own shapes, e.g. composed from AIConfigurator's kernel database by
+``cbsim calibrate --from-kernel-db --draft eagle3``) the passes are priced from that table instead:
+the first pass as a step of the same rows (verifications as decode rows of their context, as the
+target's table prices them), the ``k - 1`` one-token passes as decode steps, each the sum of the
+table's components without its ``overhead``, ``step_gap`` and ``engine_cpu`` (the target's step
+carries those). The input projection, which no Llama-shaped config has, stays on the roofline.
+The draft's weights and KV come out of the KV pool (``sim.speculative.setup``).
 """
 
 from __future__ import annotations
@@ -114,6 +120,14 @@ class DraftCost:
         self._fc_act = (fc + 1) * h * a
         # what the drafter holds in GPU memory: its spec's weights and the input projection
         self.weight_bytes = self.spec.weight_bytes(tensor_parallel) + self._fc_bytes
+        self.table = None
+
+    def use_table(self, table) -> None:
+        """Price the draft passes from ``table`` (a ``sim.latency.table.TableLatency`` of the
+        drafter's shapes) instead of the roofline; the input projection stays on the roofline."""
+        table._fixed = 0.0  # overhead and step_gap: the target's step has them
+        table._cpu = None  # and the engine's CPU time
+        self.table = table
 
     def price(self, plan, shape: StepShape | None = None) -> tuple[float, float, float]:
         proposing = [
@@ -127,7 +141,8 @@ class DraftCost:
         roof = self.roof
         first = shape if shape is not None else step_shape(plan)
         first = replace(first, spec_tokens=0)  # the draft samples one position per sequence
-        t, flops, bytes_ = roof.price(first, None)
+        steps = self.table if self.table is not None else roof
+        t, flops, bytes_ = steps.price(first, plan if self.table is not None else None)
         n = first.num_tokens
         if self._fc_flops:
             of, ob = self._fc_flops * n, self._fc_bytes + self._fc_act * n
@@ -136,11 +151,11 @@ class DraftCost:
             bytes_ += ob
         if self.k > 1:
             context = sum(r.num_computed_tokens for r in proposing)
-            if roof.price_decodes is not None:
-                dts, fs, bs = roof.price_decodes(b, context, self.k - 1)
+            if steps.price_decodes is not None:
+                dts, fs, bs = steps.price_decodes(b, context, self.k - 1)
             else:
                 rows = [
-                    roof.price(
+                    steps.price(
                         StepShape(
                             num_tokens=b,
                             num_seqs=b,

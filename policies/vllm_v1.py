@@ -528,6 +528,9 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         kv = self.kv
         B = kv.block_size
         caching = kv.enable_caching
+        # with KV tiers a filled block is also written through to the CPU tier (own content too),
+        # in running order: every request due goes through allocate_slots, as request by request
+        count_fills = kv.tiers is None
         if len(due) > 1:
             due.sort()  # by rank: running order
         live, fills, edge, grow, grow_ctx = [], [], [], [], []
@@ -544,7 +547,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
                 grow_ctx.append(c)
                 edge.append(r)
             elif caching and (c + 1) // B > st.num_cached_blocks:
-                if st.num_cached_blocks >= st.shared:
+                if st.num_cached_blocks >= st.shared and count_fills:
                     fills.append((st, (c + 1) // B))  # fills one of its own: registered by count
                 else:
                     edge.append(r)  # fills a block that gets hashed and registered

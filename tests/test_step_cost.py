@@ -104,3 +104,36 @@ def test_step_shape_of_a_plan_with_leading_decodes_equals_step_shape():
             plan.add(Request(f"p{i}", 0.0, 10, 10), rng.choice([1, rng.randint(1, 4000)]), rng.choice([0, 0, 17]))
         plan.num_decodes = nd
         assert fast_step_shape(plan) == step_shape(plan)
+
+
+@pytest.mark.parametrize("backend", ["native", "lmcache"])
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_bulk_decodes_write_filled_blocks_through_to_the_cpu_tier(backend, fast_forward, monkeypatch):
+    """With KV offloading every block a decode fills is written through to the CPU tier (its own
+    content too: it takes room there), as the request-by-request pass's ``allocate_slots`` does;
+    the bulk pass once skipped the own blocks' writes, so the tier's LRU (and later hits) differed
+    from the reference and between fast-forward on and off."""
+    import random
+
+    import pandas as pd
+
+    from sim.workload.request_spec import RequestSpec
+    from tests.test_kv_tiers import limits as tier_limits
+    from tests.test_kv_tiers import simulate as tier_simulate
+
+    rng = random.Random(101)
+    specs, t = [], 0.0
+    for i in range(40):
+        t += rng.expovariate(4.0)
+        own = rng.randint(1, 200)
+        out = rng.randint(20, 120)
+        specs.append(RequestSpec(f"r{i:03d}", t, 300 + own, out, out,
+                                 prompt_runs=((("group", rng.randrange(3)), 300), (("own", i), own))))
+    lim = tier_limits(backend, gpu_blocks=90, cpu_blocks=200)
+    bulk = tier_simulate(lim, specs, fast_forward=fast_forward)
+    monkeypatch.setattr(VllmV1Policy, "_bulk_decodes", lambda policy, budget: None)
+    reference = tier_simulate(lim, specs, fast_forward=False)  # request by request
+    assert bulk[2].kv.tiers.written_blocks == reference[2].kv.tiers.written_blocks
+    pd.testing.assert_frame_equal(bulk[1], reference[1], check_exact=True)
+    pd.testing.assert_frame_equal(bulk[0].drop(columns="token_times_s"),
+                                  reference[0].drop(columns="token_times_s"), check_exact=True)

@@ -12,10 +12,11 @@ For every row cbsim can price (:func:`classify` says why the others are skipped)
 (and caches under ``bench/.cache/silicon/``, gitignored) one kernel-db table per (GPU, model, TP,
 precision, engine, kernel-database version), simulates the row closed-loop
 (``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
-limits, ``--rounds`` requests per client, the clients' phases as ``--phase`` says (default: spread
-evenly over one cycle, the steady state of a long benchmark; :data:`PHASE`), and reports the signed error of mean TTFT and mean TPOT per row, and per
-(GPU, engine, model) group, and per group and TP degree (issue #29's bounds are per TP degree; also
-in ``--json`` as ``groups_by_layout``), the median and p90 of |error| and the median signed error.
+limits, ``--rounds`` requests per client, the clients' phases as ``--phase`` says (default: each
+client's first send a seeded uniform draw over one cycle, the steady state of a long benchmark whose
+clients jitter; :data:`PHASE`), and reports the signed error of mean TTFT and mean TPOT per row, and
+per (GPU, engine, model) group, and per group and TP degree (issue #29's bounds are per TP degree;
+also in ``--json`` as ``groups_by_layout``), the median and p90 of |error| and the median signed error.
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
@@ -71,22 +72,31 @@ SEND_GAP_MS = 1.0
 # How the clients' phases are set up, and which requests the means count (issue 26). The corpus' TTFTs
 # are below what any wave of N prompts can take at the GPU's peak (70B fp8 TP 2 on H200, 4 x 1,024
 # tokens: 121 ms measured, 145 ms at 100 % of FP8 peak), so the real clients were NOT in lockstep
-# waves: over a long benchmark, server jitter drifts the clients' phases apart. cbsim's loop is
-# deterministic and keeps fixed-length clients in the phase they start in, so:
-# * ``wave``: first sends SEND_GAP_MS apart, all requests counted (what aiperf with its default of no
-#   warm-up, ``--warmup-request-count``, and ``vllm bench serve --max-concurrency``, which averages
-#   every request after its one test prompt, count) -- but the simulated clients stay in waves;
-# * ``warm``: the same run without the opening wave -- still waves (the loop keeps them);
-# * ``spread`` (default): the clients' phases drifted fully apart, the steady state of a long run:
-#   a pilot ``wave`` run gives a request's mean E2E after the opening wave (never the row's measured
-#   numbers), the first sends are spread evenly over that one cycle (``ramp_s`` = E2E), and the means
-#   are over the requests sent after the ramp. Evenly spaced phases are the fewest collisions of
-#   prefills; real drifted phases are random and collide more, so this is the low end, ``wave`` the
-#   high end (docs/accuracy-corpus.md: how many rows lie between the two).
-# Which client AIConfigurator's collector used and whether it warmed up is not in the CSV (its
-# ``silicon_data_source`` names a db dump and a workflow run only).
-PHASES = ("spread", "wave", "warm")
-PHASE = "spread"
+# waves, and above what evenly spaced phases give (57 of 60 rows, H200 70B), so their prefills did
+# collide. cbsim's loop is deterministic and keeps fixed-length clients in the phase they start in, so:
+# * ``random`` (default): the steady state of a long benchmark whose clients jitter. Each real
+#   request's end-to-end time varies by a few ms (response handling, tokenization, the API server's
+#   event loop), so each client's phase does a random walk around the cycle, and the stationary
+#   distribution of independent random walks on a circle is independent uniform phases: where they
+#   sit once the clients have drifted apart, whatever they started as. A pilot ``wave`` run gives a
+#   request's mean E2E after the opening wave (the simulation's own, never the row's numbers); each
+#   client's first send is then a seeded uniform draw over that one cycle (``workload.arrival:
+#   {ramp_s: E2E, start: random}``), and the means are over the requests sent after the ramp. That
+#   draw is a steady state of cbsim's loop too: H200 70B fp8 TP 2, 64 clients, 13 rounds: mean TTFT
+#   104 ms in the first round, then 127 ms in every later one; with a 0-5 ms uniform think time
+#   (a per-request send jitter) 124-125 ms, so the bench sends with no jitter. The measured window is
+#   a steady state by the tools' own conventions: NVIDIA's Dynamo benchmark scripts
+#   (ai-dynamo/dynamo benchmarks/llm/perf.sh) run aiperf/genai-perf at ``--concurrency N
+#   --request-count 10N --warmup-request-count 2N``; whether the corpus' collector did the same is
+#   not in the CSV (its ``silicon_data_source`` names a db dump and a workflow run only).
+# * ``spread``: the same with first sends evenly spaced (``start: even``): the fewest collisions
+#   any phases can have, the low end;
+# * ``wave``: first sends SEND_GAP_MS apart, all requests counted (aiperf without
+#   ``--warmup-request-count``; ``vllm bench serve --max-concurrency``, which averages every request
+#   after its one test prompt) -- but the simulated clients stay in waves: the high end;
+# * ``warm``: the ``wave`` run without the opening wave -- still waves (the loop keeps them).
+PHASES = ("random", "spread", "wave", "warm")
+PHASE = "random"
 
 
 def corpus_path() -> Path:
@@ -326,8 +336,9 @@ def simulate(args) -> Result:
     ``wave``: first sends ``send_gap_s`` apart, mean over all requests (the opening wave included).
     ``warm``: the same run, mean over the requests after the opening wave (the first N sends).
     ``spread``: a pilot ``wave`` run gives the mean E2E of a request after the opening wave; the
-    clients' first sends are then spread uniformly over that one cycle (``ramp_s`` = E2E) and the
-    means are over the requests sent after the ramp (module docstring: why this is the default).
+    clients' first sends are then spread evenly over that one cycle (``ramp_s`` = E2E, ``start:
+    even``) and the means are over the requests sent after the ramp. ``random``: the same, each
+    client's first send a seeded uniform draw over the cycle (``start: random``; :data:`PHASE`).
     """
     row, table, rounds, send_gap_s, phases = args
     import warnings
@@ -342,13 +353,14 @@ def simulate(args) -> Result:
             warnings.simplefilter("ignore")
             pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
-            if "spread" in phases:
-                e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
-                sc = scenario_of(row, table, rounds + 1, 0.0)
-                sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
-                spread = sim.run(sc).requests
-                out["spread"] = _means(spread, after_s=e2e)
-                res.extra["ramp_s"] = e2e
+            e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
+            for phase in ("spread", "random"):
+                if phase in phases:
+                    sc = scenario_of(row, table, rounds + 1, 0.0)
+                    sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
+                    sc["workload"]["arrival"]["start"] = "even" if phase == "spread" else "random"
+                    out[phase] = _means(sim.run(sc).requests, after_s=e2e)
+                    res.extra["ramp_s"] = e2e
         res.sim_ttft_ms, res.sim_tpot_ms = out[phases[0]]
         res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
         res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
@@ -434,7 +446,7 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
 
 
 def print_phases(results: list[Result], phases: list[str]) -> None:
-    print("\nper phase variant: median |err| of the mean (TTFT, TPOT)")
+    print("\nper phase variant: median |err| of the mean, TTFT (its median signed error) and TPOT")
     by = defaultdict(list)
     for r in results:
         if not r.error:
@@ -442,9 +454,10 @@ def print_phases(results: list[Result], phases: list[str]) -> None:
     for g, rs in sorted(by.items()):
         cells = []
         for p in phases:
-            t = [abs(r.extra["phases"][p]["ttft_err"]) for r in rs]
+            t = [r.extra["phases"][p]["ttft_err"] for r in rs]
             o = [abs(r.extra["phases"][p]["tpot_err"]) for r in rs]
-            cells.append(f"{p} {quantile(t, 0.5):6.1%} {quantile(o, 0.5):6.1%}")
+            cells.append(f"{p} {quantile([abs(e) for e in t], 0.5):6.1%} ({quantile(t, 0.5):+6.1%}) "
+                         f"{quantile(o, 0.5):5.1%}")
         print(f"{g:40s} " + "   ".join(cells))
 
 
@@ -480,7 +493,8 @@ def stamp(table: Path, report: dict) -> dict:
         "by_model": {m: _stats(v) for m, v in sorted(by.items())},
         "measured_by": f"bench/silicon_accuracy.py: closed loop at each row's concurrency, {report['rounds']} "
                        f"requests per client, phases {report.get('phase', 'wave')!r} (first sends "
-                       f"{report.get('send_gap_ms', SEND_GAP_MS)} ms apart unless 'spread'); "
+                       f"{report.get('send_gap_ms', SEND_GAP_MS)} ms apart in 'wave' and 'warm'; 'random' and "
+                       "'spread' place them over one cycle); "
                        "errors are sim / real - 1 of mean TTFT and mean TPOT, on tables composed the same way "
                        "for each row's own model, TP and precision (docs/accuracy-corpus.md)",
     }

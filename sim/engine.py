@@ -584,6 +584,12 @@ class Simulation:
             explain_unfinished(self.records, self.horizon_s, self.horizon_reason)
         return self.recorder
 
+    def release_records(self) -> None:
+        """After the frames are built: drop this run's per-request records (the recorder's too),
+        so they are freed before the summary is computed rather than with the run."""
+        self.records.clear()  # the same list the arrivals process and the clients walk
+        self.recorder.records.clear()
+
     @property
     def end_s(self) -> float | None:
         """Where a closed loop's time cap stopped the run (None: it did not)."""

@@ -90,8 +90,12 @@ def backlog(requests: pd.DataFrame, end_s: float | None) -> dict:
     }
 
 
-def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None] | None = None):
-    """Simulate one policy entry of a resolved scenario; returns (requests, steps, summary, meta)."""
+def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None] | None = None,
+               release: bool = False):
+    """Simulate one policy entry of a resolved scenario; returns (requests, steps, summary, meta).
+    Once the frames are built the per-request records are let go before the summary is computed
+    (a long run's peak memory is then the frames, not the frames and every record beside them);
+    ``release``: the caller is done with ``specs`` too, and the list is emptied with them."""
     scn, gpu = dep.scenario, dep.gpu
     knobs = policy_knobs(scn, entry)
     limits = dep.limits_for(entry.name, knobs)  # unset batch limits: this policy's engine defaults
@@ -120,7 +124,12 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
     recorder = sim.run()
     if end_s is None:  # closed loop: where the moving cap stopped it, if it did
         end_s = sim.end_s
+    itl = recorder.itl_stats()  # from the records' token-time runs, before they are let go
     requests = recorder.requests_frame()
+    sim.release_records()
+    if release:
+        specs.clear()
+    del sim
     steps = recorder.steps_frame()
     pol = replicas[0][0]
     meta = {
@@ -150,7 +159,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
         max_model_len=limits.max_model_len,
         # ITL from the recorder's runs of token times (sim.metrics.recorder): the same order statistics
         # without a list of every gap (and runs too large to keep token times in memory have none)
-        itl=recorder.itl_stats(),
+        itl=itl,
     )
     summary.update(end_report(requests, end_s, capped))
     summary["communication"] = communication_report(dep, replicas[0][1], steps)
@@ -253,7 +262,8 @@ def run(scenario, overrides=(), policies: list[str] | None = None, progress=Fals
             if entry is dis:
                 requests, steps, summary, m = run_disaggregation(scn, specs, tick)
             else:
-                requests, steps, summary, m = run_policy(dep, entry, specs, tick)
+                # the last entry's run lets the workload go once its frames are built
+                requests, steps, summary, m = run_policy(dep, entry, specs, tick, release=i == runs - 1)
             if tracker:
                 tracker.flush()
             requests.insert(0, "policy", label)

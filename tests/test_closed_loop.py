@@ -84,6 +84,40 @@ def test_ramp_spreads_the_first_sends_and_think_distributions_are_seeded():
     assert abs(ta.mean() - 2.0) < 0.8
 
 
+def test_start_even_is_the_ramp_and_random_is_a_seeded_uniform_draw():
+    """``even`` is today's ramp exactly; ``random`` draws each first send over [0, ramp_s) from the
+    seed, reproducibly, and sends the first requests in time order (the workload's order)."""
+    plain = run(scenario(4, n=12, ramp=2.0)).requests
+    scn = scenario(4, n=12, ramp=2.0)
+    scn["workload"]["arrival"]["start"] = "even"
+    assert run(scn).requests.equals(plain)
+    together = scenario(4, n=12)
+    together["workload"]["arrival"]["start"] = "together"
+    assert run(together).requests.equals(run(scenario(4, n=12)).requests)
+
+    def first_sends(seed, concurrency=64, n=640, ramp=3.0):
+        scn = scenario(concurrency, n=n, ramp=ramp, seed=seed)
+        scn["workload"]["arrival"]["start"] = "random"
+        return np.array(closed_loop(load_scenario(scn), n).first_send_s)
+
+    a, b, c = first_sends(1), first_sends(1), first_sends(2)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)  # seeded: the same seed, the same phases
+    assert len(a) == 64 and (np.diff(a) >= 0).all() and a.min() >= 0 and a.max() < 3.0
+    expected = np.sort(np.random.default_rng([1, 12]).uniform(0.0, 3.0, 64))  # the documented stream
+    assert np.array_equal(a, expected)
+    assert np.array_equal(first_sends(1, n=10), a[:10])  # fewer requests than clients: the same phases
+    # uniform over the window, not even: the Kolmogorov-Smirnov distance of 4,096 uniform draws (99 %: 0.025)
+    big = np.sort(first_sends(3, concurrency=4096, n=4096, ramp=1.0))
+    ks = np.max(np.abs(big - (np.arange(1, 4097) - 0.5) / 4096))
+    assert 0.0 < ks < 0.03 and np.diff(big).std() > 0
+    scn = scenario(8, n=40, ramp=2.0)
+    scn["workload"]["arrival"]["start"] = "random"
+    req = run(scn).requests
+    firsts = req.iloc[:8]
+    assert np.array_equal(firsts["arrival_s"].to_numpy(), closed_loop(load_scenario(scn), 40).first_send_s)
+    assert firsts["client"].tolist() == list(range(8)) and (req["state"] == "finished").all()
+
+
 def test_the_next_send_waits_the_think_time_after_the_previous_end():
     res = run(scenario(3, n=30, think={"dist": "uniform", "min": 0.1, "max": 3.0}))
     req = res.requests
@@ -197,6 +231,11 @@ def test_sweep_varies_the_concurrency(tmp_path):
     ({"process": "closed", "concurrency": 4, "think_time_s": -1}, "think_time_s"),
     ({"process": "closed", "concurrency": 4, "think_time_s": {"dist": "exponential"}}, "mean"),
     ({"process": "closed", "concurrency": 0}, "concurrency"),
+    ({"process": "closed", "concurrency": 4, "start": "random"}, "ramp_s"),
+    ({"process": "closed", "concurrency": 4, "start": "even", "ramp_s": 0}, "ramp_s"),
+    ({"process": "closed", "concurrency": 4, "start": "together", "ramp_s": 1.0}, "start"),
+    ({"process": "closed", "concurrency": 4, "start": "jitter", "ramp_s": 1.0}, "start"),
+    ({"process": "poisson", "rate": 2.0, "start": "random"}, "start"),
 ])
 def test_bad_closed_loop_keys_are_one_line_errors(bad, message):
     scn = scenario()

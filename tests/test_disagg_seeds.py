@@ -26,7 +26,8 @@ def test_a_split_that_one_seed_fails_is_rejected_and_the_spread_is_kept():
     assert one.split == "1P1D" and one.seeds == 1 and one.best.spread is None
     edge = next(p for p in three.probes if (p.prefill, p.decode, p.decode_tp) == (1, 1, 1))
     assert edge.met is False and not edge.saturated
-    assert [row[:2] for row in edge.spread["per_seed"]] == [[1, True], [2, False], [3, True]]
+    # judged seed by seed until one fails (seed 3 could not change the verdict)
+    assert [row[:2] for row in edge.spread["per_seed"]] == [[1, True], [2, False]]
     assert edge.spread["metric"] == "ttft_s" and edge.spread["min"] < 0.5 < edge.spread["max"]
     # its p99 figures are those of the seed that failed
     assert edge.p99["ttft_s"] == edge.spread["max"] == edge.spread["per_seed"][1][2]
@@ -59,3 +60,42 @@ def test_cli_seeds_one_is_the_single_seed_plan_and_seeds_three_prints_the_spread
     text = " ".join(r3.output.split())
     assert "spread over 3 seed(s)" in text and "every layout judged at seeds 1-3 and met only when every seed met" in text
     assert "1P1D: seed(s) 2 missed the SLO where the others met it (p99 TTFT" in text
+
+
+def test_a_layout_larger_than_one_that_met_needs_no_burst_of_its_own():
+    """2P2D's runs meet, so the search next asks for 1P2D: judged then, it meets (runs and its own
+    burst), and 2P2D meets without a burst (more instances never lower the saturated throughput):
+    one burst fewer, the same plan and probe order as one process."""
+    three = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=2, seeds=3)
+    probes = {(p.prefill, p.decode): p for p in three.probes if p.decode}
+    assert [(p.prefill, p.decode) for p in three.probes if p.decode] == [(1, 1), (2, 2), (1, 2)]
+    big, small = probes[(2, 2)], probes[(1, 2)]
+    assert big.met and big.implied_by == "1P2D" and big.saturated_rps is None
+    assert small.met and small.implied_by is None and small.saturated_rps > RATE
+    assert three.best is small
+    # one process, every simulation heard: bursts of 1P2D and of the colocated policy only
+    from tests.test_search_progress import Recorder
+
+    heard = Recorder()
+    alone = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=1, seeds=3, reporter=heard)
+    bursts = [t for t in heard.probes if "saturation burst of" in t]
+    assert len(bursts) == 2 and bursts[0].startswith("1P2D (TP 1/1) at 35 req/s, judged ahead"), bursts
+    assert len(heard.probes) == alone.runs
+    assert alone.to_dict() == three.to_dict()
+
+
+def test_the_plan_is_the_cheapest_layout_an_exhaustive_probe_finds():
+    """Every xPyD layout up to 2 instances per pool judged (the same verdicts, three seeds): the
+    planner's split has the fewest GPUs of those that meet, and every layout it skipped that has
+    fewer GPUs fails."""
+    from sim.planning.disagg_plan import _Verdicts
+
+    plan = plan_disaggregated(EDGE, RATE, max_instances=2, jobs=1, seeds=3)
+    v = _Verdicts(load_scenario(EDGE), RATE, seeds=3)
+    every = {(x, y): v.disaggregated(x, y, 1, 1) for x in (1, 2) for y in (1, 2)}
+    met = [layout for layout in every.values() if layout.met]
+    assert met and plan.best.gpus == min(layout.gpus for layout in met)
+    assert every[(plan.best.prefill, plan.best.decode)].met
+    assert all(not layout.met for layout in every.values() if layout.gpus < plan.best.gpus)
+    # the planner judged fewer layouts than the exhaustive probe
+    assert len([p for p in plan.probes if p.decode]) < len(every)

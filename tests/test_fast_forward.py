@@ -166,13 +166,23 @@ def test_vllm_v1_fast_forward_is_exact(case):
     assert len(on[1]) > on[3]  # some steps were still taken one by one
 
 
-def clients(concurrency: int, n: int, think: float | str = 0.0, ramp_s: float = 0.0, seed: int = 0):
-    """Closed-loop clients (sim.workload.closed_loop): fixed or exponential think times."""
+def clients(concurrency: int, n: int, think: float | str = 0.0, ramp_s: float = 0.0, seed: int = 0,
+            start: str = "even"):
+    """Closed-loop clients (sim.workload.closed_loop): fixed or exponential think times; first sends
+    even over ramp_s, or random (seeded) over it."""
     from sim.workload.closed_loop import ClosedLoop
 
     rng = np.random.default_rng(seed)
     thinks = rng.exponential(0.3, n) if think == "exp" else np.full(n, float(think))
-    first = tuple(c * ramp_s / concurrency for c in range(min(concurrency, n)))
+    if start == "random":  # workload.arrival.start: random, as sim.workload.closed_loop draws it
+        from types import SimpleNamespace
+
+        from sim.workload.closed_loop import first_sends
+
+        arrival = SimpleNamespace(start="random", ramp_s=ramp_s, concurrency=concurrency)
+        first = first_sends(arrival, min(concurrency, n), seed)
+    else:
+        first = tuple(c * ramp_s / concurrency for c in range(min(concurrency, n)))
     return ClosedLoop(concurrency, first, thinks)
 
 
@@ -181,6 +191,8 @@ CLOSED_CASES = {
     "closed": (lambda: workload(20), LIMITS, {"clients": clients(12, 120)}),
     "closed-think": (lambda: workload(21), LIMITS, {"clients": clients(16, 120, think="exp", seed=1)}),
     "closed-ramp-fixed-think": (lambda: workload(22), LIMITS, {"clients": clients(10, 120, 0.05, ramp_s=1.0)}),
+    "closed-random-start": (lambda: workload(33), LIMITS,
+                            {"clients": clients(16, 120, ramp_s=0.7, seed=4, start="random")}),
     "closed-pressure": (lambda: workload(23, max_prompt=300, max_out=250), TIGHT, {"clients": clients(24, 120)}),
     "closed-prefix-caching": (lambda: workload(24, groups=3, prefix_len=200), LIMITS,
                               {"clients": clients(12, 120), "enable_prefix_caching": True}),

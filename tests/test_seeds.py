@@ -36,11 +36,14 @@ def test_the_edge_load_passes_with_one_seed_and_fails_with_the_next():
     assert single == [True, False, True]
     v = judge_seeds(scn, "orca", over, RATE, sat, seeds=3)
     assert v.met is False, "a load passes only when every seed passes"
-    assert [row[:2] for row in v.spread["per_seed"]] == [[1, True], [2, False], [3, True]]
+    # the first seed that fails ends the probe: seed 3 cannot change the verdict
+    assert [row[:2] for row in v.spread["per_seed"]] == [[1, True], [2, False]]
     values = [row[2] for row in v.spread["per_seed"]]
     assert v.spread["metric"] == "ttft_s" and v.spread["min"] == min(values) and v.spread["max"] == max(values)
     assert v.spread["min"] < 0.5 < v.spread["max"]
-    assert v.runs >= 3, "every seed's runs are counted"
+    first_two = [judge(scn, "orca", [*over, f"seed={s}"], RATE, sat) for s in (1, 2)]
+    assert v.runs == sum(x.runs for x in first_two), "the judged seeds' runs are counted, no more"
+    assert v.summary == first_two[1].summary, "the verdict is the failing seed's"
     # one seed is the single judge, unchanged
     assert judge_seeds(scn, "orca", over, RATE, sat, seeds=1).met is True
 
@@ -83,3 +86,20 @@ def test_bad_seed_counts_are_refused_in_one_line():
     for bad in (0, 101):
         with pytest.raises(CbsimError, match=r"^--seeds must be a whole number of workload seeds from 1 to 100"):
             plan(EDGE, RATE, seeds=bad)
+
+
+def test_spare_workers_for_the_seeds_change_no_verdict():
+    """With a seed pool (sim.planning.seed_pool: a one-policy search's spare cores), seeds 2, 3
+    of a load whose first seed met run in a worker: the same verdicts, spreads and run counts."""
+    from sim.planning.seed_pool import seed_workers
+
+    scn = load_scenario(EDGE)
+    sat, _ = saturated_rate(scn, "orca")
+    loads = (RATE, 20.0)  # one where seed 2 fails, one where every seed meets
+    alone = [judge_seeds(scn, "orca", [f"workload.arrival.rate={r!r}"], r, sat, seeds=3) for r in loads]
+    with seed_workers(1):
+        pooled = [judge_seeds(scn, "orca", [f"workload.arrival.rate={r!r}"], r, sat, seeds=3) for r in loads]
+    assert [v.met for v in alone] == [False, True]
+    for a, b in zip(alone, pooled):
+        assert (a.met, a.stable, a.sizes, a.runs, a.spread) == (b.met, b.stable, b.sizes, b.runs, b.spread)
+        assert a.summary == b.summary

@@ -98,3 +98,42 @@ def test_phase_means_count_only_the_requests_after_the_opening_wave_or_the_ramp(
     assert _means(req) == pytest.approx((320.0, 32.0))
     assert _means(req, skip_first=2) == pytest.approx((1e3 * (0.3 + 0.4 + 0.6) / 3, 1e2 * (0.3 + 0.4 + 0.6) / 3))
     assert _means(req, after_s=1.0) == pytest.approx((500.0, 50.0))
+
+
+def test_random_and_spread_phases_place_the_first_sends_over_one_pilot_cycle(monkeypatch):
+    """``random`` (the default) and ``spread`` run the row again with ``ramp_s`` = the pilot's mean E2E
+    after its opening wave, ``start`` random or even, one round more, and count the sends after the
+    ramp; ``wave`` is the pilot itself."""
+    import pandas as pd
+
+    import bench.silicon_accuracy as sa
+    import sim
+
+    seen = []
+
+    def fake_run(scn):
+        a = scn["workload"]["arrival"]
+        seen.append(dict(a, n=scn["workload"]["num_requests"]))
+        n = scn["workload"]["num_requests"]
+        if a.get("start") is None:  # the pilot: the opening wave slow, the rest 2 s end to end
+            arrival = [0.0] * 8 + [float(i) for i in range(8, n)]
+            e2e = [9.0] * 8 + [2.0] * (n - 8)
+            ttft = [0.5] * n
+        else:
+            arrival = [i * 0.1 for i in range(n)]
+            e2e = [2.0] * n
+            ttft = [0.1 if a["start"] == "random" else 0.05] * n
+        frame = pd.DataFrame({"arrival_s": arrival, "e2e_s": e2e, "ttft_s": ttft, "tpot_s": [0.01] * n})
+        return type("R", (), {"requests": frame})()
+
+    monkeypatch.setattr(sim, "run", fake_run)
+    row = _row(concurrency=8, ttft_ms=100.0, tpot_ms=10.0)
+    res = sa.simulate((row, "table", 4, 1e-3, ["random", "spread", "wave"]))
+    assert sa.PHASE == "random" and not res.error
+    pilot = seen[0]
+    rand, even = (next(a for a in seen if a.get("start") == k) for k in ("random", "even"))
+    assert pilot.get("start") is None and pilot["ramp_s"] == pytest.approx(8e-3) and pilot["n"] == 32
+    assert rand == dict(process="closed", concurrency=8, ramp_s=2.0, start="random", n=40)
+    assert even["start"] == "even" and even["ramp_s"] == 2.0
+    assert res.ttft_err == pytest.approx(0.0) and res.extra["phases"]["spread"]["ttft_err"] == pytest.approx(-0.5)
+    assert res.extra["phases"]["wave"]["ttft_err"] == pytest.approx(4.0)

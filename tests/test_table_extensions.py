@@ -122,6 +122,10 @@ def test_engine_cpu_defaults_per_version():
     assert engine_cpu_default("vllm", "0.6.6").versions.startswith("0.6")
     with pytest.raises(CbsimError, match="no engine CPU default for engine 'tgi'"):
         engine_cpu_default("tgi", "3.0")
+    sglang = engine_cpu_default("sglang", "0.5.14")  # the kernel database's SGLang version
+    assert sglang.seconds(0) == 0.0 and sglang.seconds(512) == pytest.approx(512 * 40e-6)
+    assert combine(0.010, sglang.seconds(512), True) == pytest.approx(0.02048)  # overlap: the longer one
+    assert combine(0.030, sglang.seconds(512), True) == 0.030
 
 
 # ------------------------------------------------------------------------------------------------

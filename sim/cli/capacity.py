@@ -36,7 +36,7 @@ def capacity_cmd(
     scn = shared.load(scenario, set_)
     shared.check_json(json_out)  # before the search: a bad path must not cost it
     with shared.search_display(console, scn, policy, workers, backend, f"searching capacity to ±{tolerance:.1%}",
-                               disaggregated=True):
+                               disaggregated=True, seeds=seeds):
         results = capacity(scn, policies=policy or None, tolerance=tolerance, workers=workers,
                            backend=backend, ray_address=ray_address, seeds=seeds)
     slo = scn.slo
@@ -66,7 +66,8 @@ def capacity_cmd(
     console.print(steady_rule_line(scn.workload.num_requests), highlight=False)
     if seeds > 1:
         console.print(f"seeds: every probed rate judged at seeds {scn.seed}-{scn.seed + seeds - 1} and met only when "
-                      f"every seed met; spread = the binding percentile's min-max over them at the max rate",
+                      f"every seed met (in order: the first seed that missed ends a rate's probe); spread = the binding "
+                      f"percentile's min-max over them at the max rate",
                       highlight=False)
     if scn.replicas.count > 1 or any(r.disaggregated for r in results.values()):
         console.print("saturated: one replica's burst finish rate × replicas.count (colocated); the burst's finish "

@@ -58,7 +58,7 @@ def plan_cmd(
     closed = is_closed_loop(scn)
     load = (f"{target_concurrency or scn.workload.arrival.concurrency} closed-loop clients" if closed
             else f"{target_rate:g} req/s" if target_rate is not None else "?")
-    with shared.search_display(console, scn, policy, workers, backend, f"planning for {load}"):
+    with shared.search_display(console, scn, policy, workers, backend, f"planning for {load}", seeds=seeds):
         plans = plan(scn, target_rate, policies=policy or None, max_replicas=max_replicas, workers=workers,
                      backend=backend, ray_address=ray_address, target_concurrency=target_concurrency,
                      seeds=seeds)
@@ -106,7 +106,8 @@ def plan_cmd(
         console.print(replicas_line(scn.replicas.router), highlight=False, soft_wrap=True)
     if seeds > 1:
         console.print(f"seeds: every count judged at seeds {scn.seed}-{scn.seed + seeds - 1} and met only when every "
-                      f"seed met; spread = the binding percentile's min-max over them at the chosen count",
+                      f"seed met (in order: the first seed that missed ends a count's probe); spread = the binding "
+                      f"percentile's min-max over them at the chosen count",
                       highlight=False, soft_wrap=True)
     console.print(f"replicas = fewest meeting the SLO in steady state (one fewer violates it: simulated, or each replica "
                   f"would get more than its saturated throughput). Latencies and offered/achieved rates: requests "

@@ -109,8 +109,8 @@ def print_disaggregated_plan(console, scn, target_rate: float, max_replicas: int
             console.print(f"[yellow]note:[/] {n}", highlight=False)
     if seeds > 1:
         console.print(f"seeds: every layout judged at seeds {scn.seed}-{scn.seed + seeds - 1} and met only when every "
-                      f"seed met (saturation bursts at seed {scn.seed}); spread = the binding percentile's min-max "
-                      f"over them; p99 figures of the first seed that missed, else of seed {scn.seed}",
+                      f"seed met (in order: the first seed that missed ends a layout's probe; saturation bursts at seed "
+                      f"{scn.seed}); spread = the binding percentile's min-max over the seeds judged; p99 figures of the first seed that missed, else of seed {scn.seed}",
                       highlight=False, soft_wrap=True)
     console.print(f"{p.runs} runs; every layout shown was simulated at {target_rate:g} req/s and judged in steady state "
                   "(requests arriving after warm-up and before drain; probe sizes doubled from workload.num_requests "

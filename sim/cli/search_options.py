@@ -30,6 +30,8 @@ def spread_text(spread: dict | None) -> str:
     scale, unit = (1e3, "ms") if spread["metric"] == "tpot_s" else (1.0, "s")
     seeds = [row[0] for row in spread["per_seed"]]
     lo, hi = spread["min"] * scale, spread["max"] * scale
+    if len(seeds) == 1:  # the first seed failed: the others were not judged (sim.planning.probe.judge_seeds)
+        return f"p{spread['percentile']:g} {metric} {lo:.3g} {unit} at seed {seeds[0]} (the first to miss)"
     return f"p{spread['percentile']:g} {metric} {lo:.3g}-{hi:.3g} {unit} over seeds {seeds[0]}-{seeds[-1]}"
 
 
@@ -50,22 +52,28 @@ def workers_option(what: str):
 
 
 def search_display(console, scn, policies, workers: int | None, backend: str, title: str,
-                   disaggregated: bool = False):
+                   disaggregated: bool = False, seeds: int = 1):
     """What a search shows while it runs: the probe line (``sim.cli.search_progress``) when every
     probe runs in this process (one worker), else a spinner (workers must not inherit a display
-    thread: they are forked)."""
+    thread: they are forked). A search of one policy in this process with 3 or more ``seeds``
+    and ``--workers`` left to its default gets the spare cores for its seeds
+    (:mod:`sim.planning.seed_pool`), forked here before the display starts."""
     import contextlib
     import os
 
     from sim.cli.search_progress import SearchProgress
     from sim.planning.capacity import labels_of
     from sim.planning.progress import reporting
+    from sim.planning.seed_pool import seed_workers
 
-    n = workers or min(len(labels_of(scn, policies or None, disaggregated)), os.cpu_count() or 1)
+    cpus = os.cpu_count() or 1
+    n = workers or min(len(labels_of(scn, policies or None, disaggregated)), cpus)
     if backend != "local" or n > 1:
         return console.status(f"{title} ({n} policies in parallel) ...")
     reporter = SearchProgress(console, title)
     stack = contextlib.ExitStack()
+    if workers is None and seeds >= 3:
+        stack.enter_context(seed_workers(min(cpus - 1, seeds - 2)))
     stack.enter_context(reporter)
     stack.enter_context(reporting(reporter))
     return stack

@@ -18,9 +18,12 @@ How it adds up depends on the engine (``engine.async_scheduling``):
   large batches).
 
 Defaults per engine version (:data:`DEFAULTS`) are figures we hold fixed for every run, never
-fitted to a run being predicted. They are engineering estimates bracketed by published
-measurements (cited per entry); with asynchronous scheduling and steps of tens of milliseconds
-they are hidden entirely, so predictions of such runs do not depend on them.
+fitted to a run being predicted. vLLM's are engineering estimates bracketed by published
+measurements (cited per entry); SGLang's per-sequence figure is bracketed by published
+measurements and fitted as one global term on the public serving corpus with leave-one-model-out
+checking (its entry says how). With asynchronous scheduling (SGLang's overlap scheduler) and
+steps of tens of milliseconds they are hidden entirely, so predictions of such runs do not depend
+on them.
 """
 
 from __future__ import annotations
@@ -62,6 +65,22 @@ DEFAULTS: dict[tuple[str, tuple[int, ...]], EngineCpu] = {
         "(the scheduler contending for the GIL with the frontend's IPC); later V1 releases run the "
         "engine core in its own process with a persistent input batch. "
         "1.5 ms + 10 us per sequence: 4.1 ms at 256 sequences, below that early-V1 gap."),
+    ("sglang", (0, 4)): EngineCpu(
+        "sglang", "0.4 and later (overlap scheduler on by default)", 0.0, 40e-6,
+        "Per request and step: the scheduler's process_batch_result_decode (append each request's token, "
+        "check its stop conditions, stream it to the detokenizer), then the detokenizer's and the tokenizer "
+        "manager's work on every request's token in their own processes. The overlap scheduler hides all "
+        "of it under the GPU step until it is the longer (lmsys.org/blog/2024-12-04-sglang-v0-4), so a "
+        "step is max(gpu, cpu) (engine.async_scheduling). sgl-project/sglang #23393 brackets the "
+        "per-request cost: the client-side ITL equals the scheduler's at 128 running requests and is 4.6x "
+        "it at 1,024 (180 vs 39 ms; a slow tokenizer: up to ~176 us per request); #29367: the tokenizer "
+        "manager is the bottleneck at high concurrency. 40 us per sequence is a global term fitted on "
+        "the corpus' SGLang rows (AIConfigurator's silicon_sample.csv) with leave-one-model-out checking, "
+        "bench/sglang_cpu_lomo.py: chosen on Llama-3.1-8B H200 (median |TPOT err| 19.7 % -> 13.3 %), "
+        "held-out Qwen3-32B H100 13.6 % -> 13.6 % (its GPU steps are longer than 40 us x its <= 128 "
+        "sequences, so it neither confirms nor refutes the figure). No per-step fixed part: the "
+        "Qwen3-32B H100 TP 8 rows measure 7.6-8.8 ms TPOT at 16 clients, and a fixed part fitted on the "
+        "8B rows (12 ms) made the held-out Qwen3-32B rows worse (13.6 % -> 26.4 %)."),
 }
 
 

@@ -76,7 +76,7 @@ class TableLatency(LatencyModel):
     def from_path(cls, path: str | Path, model, gpu, tensor_parallel: int, block_size: int,
                   overhead_s: float | None = None, async_scheduling: bool = True, data_parallel: int = 1,
                   expert_parallel: int = 1) -> TableLatency:
-        table = read_table(path)
+        table = read_table_once(path)
         check_compatible(table, model, tensor_parallel, block_size, data_parallel, expert_parallel)
         return cls(table, model, gpu, tensor_parallel, block_size, overhead_s, async_scheduling)
 
@@ -308,3 +308,26 @@ def _locate(axis: list[float], n: int, x: float) -> tuple[int, float | None]:
         i = n - 2
     x0 = axis[i]
     return i, (x - x0) / (axis[i + 1] - x0)
+
+
+_READ: dict[tuple, LatencyTable] = {}
+
+
+def read_table_once(path: str | Path) -> LatencyTable:
+    """:func:`read_table`, once per table folder as its files stand: a search builds a latency
+    model per replica per probe (hundreds of reads of the same folder), and a table is read-only
+    once built (its interpolators are made by each :class:`TableLatency`). Keyed by the folder
+    and the size and modification time of both files, so a table rewritten meanwhile (a fresh
+    ``cbsim calibrate``) is read again."""
+    from sim.latency.table_format import METADATA_FILE, TABLE_FILE
+
+    folder = Path(path).resolve()
+    try:
+        stamp = tuple((f.stat().st_size, f.stat().st_mtime_ns) for f in (folder / TABLE_FILE, folder / METADATA_FILE))
+    except OSError:  # missing files: read_table says which, in one line
+        return read_table(path)
+    key = (str(folder), stamp)
+    table = _READ.get(key)
+    if table is None:
+        table = _READ[key] = read_table(path)
+    return table

@@ -27,24 +27,29 @@ meeting at a load at or above its saturated throughput (a burst of every request
 the whole topology for an xPyD layout, the whole rate its load; one replica for a colocated layout,
 ``R / replicas`` its load). Each layout has a saturated throughput of its own, so it is measured
 only for layouts whose runs meet (:func:`sim.planning.probe.judge_saturation_last`: the same
-verdicts, fewer bursts); colocated ones once per policy and TP size. ``p99`` figures are those of
+verdicts, fewer bursts); colocated ones once per policy and TP size. When step 1's ``nPnD`` runs
+meet, the layout the search asks for next, ``1PnD``, is judged first; if it meets, ``nPnD`` meets
+without a burst of its own (``implied_by``: more instances never lower the saturated throughput,
+the staircase assumption above; its ``saturated_rps`` is then None). ``p99`` figures are those of
 the steady window (of the whole run when no window was long enough).
 
 Speed. Every verdict is a deterministic simulation, so where they are independent they run at
 once, in forked worker processes (``jobs``, default 2: this machine class has two cores): each
-colocated policy's cheapest-layout search runs beside the disaggregated search, and every xPyD
-layout's saturation burst starts when the layout is judged, beside its runs, instead of after
-them. Results are merged in the order a sequential search judges them, so the plan, its
-``probes`` and ``runs`` are the same for every ``jobs``.
+colocated policy's cheapest-layout search runs beside the disaggregated search, every xPyD
+layout's saturation burst starts beside its runs (with several seeds, once its first seed meets,
+so a layout failing at its first seed costs no burst), and the colocated layout on the plan's
+GPUs is judged here while the workers search. Results are merged in the order a sequential
+search judges them, so the plan, its ``probes`` and ``runs`` are the same for every ``jobs``.
 
 Seeds. With ``seeds`` = K every layout, xPyD and colocated, is judged at the scenario's seed and
 the K − 1 after it and meets only when each does (:func:`sim.planning.probe.judge_seeds`, as
 ``cbsim plan`` and ``cbsim capacity``); its ``spread`` states the binding percentile's min and
 max over them, and its ``p99`` figures are those of the first seed that failed (else of the
-scenario's own seed). Saturation bursts run at the scenario's seed only, as in ``cbsim plan``
+scenario's own seed); the seeds are judged in order and the first that fails ends the layout's
+probe. Saturation bursts run at the scenario's seed only, as in ``cbsim plan``
 (the bound is one measured throughput, not a per-seed verdict; its lengths do vary with the seed,
 so a layout just below it at one seed may be just above it at another). K seeds cost K times the
-runs, the bursts excepted.
+runs of a layout that meets, the bursts excepted.
 
 Cost. GPUs × ``cost_per_gpu_hour`` per hour of traffic, and per million requests
 ``GPUs × price / (3600 · R) × 10⁶`` (as :mod:`sim.planning.plan`); the pools may have GPUs of
@@ -81,6 +86,9 @@ class Layout:
     stable: bool = True  # the verdict agreed between two probe sizes in a row
     probe_requests: int | None = None  # requests in the run whose verdict was used
     spread: dict | None = None  # with seeds > 1: the binding percentile's min and max over them
+    # met without a burst of its own: this smaller layout (e.g. 1P2D) met, and more instances never
+    # lower the saturated throughput (the search's staircase assumption); saturated_rps is then None
+    implied_by: str | None = None
     summary: dict = field(default_factory=dict, repr=False)
 
 
@@ -140,15 +148,15 @@ class _Verdicts:
         self.runs = 0
         self.pool = pool  # a multiprocessing pool for saturation bursts ahead of need, or None
         self._bursts: dict[tuple, object] = {}  # saturation key -> its burst started in the pool
+        self._ahead: dict[tuple, tuple] = {}  # layout key -> (layout, runs) judged ahead (_implied)
+        self.hint: tuple | None = None  # (x, y, tp_p, tp_d): a smaller layout the search asks for next
 
     def disaggregated(self, x: int, y: int, tp_p: int, tp_d: int) -> Layout:
         key = ("d", x, y, tp_p, tp_d)
         if key not in self.seen:
-            sets = [f"disaggregation.prefill.replicas={x}", f"disaggregation.decode.replicas={y}",
-                    f"disaggregation.prefill.hardware.tensor_parallel={tp_p}",
-                    f"disaggregation.decode.hardware.tensor_parallel={tp_d}"]
             with point(f"{x}P{y}D (TP {tp_p}/{tp_d}) at {self.rate:g} req/s"):
-                self._judge(key, sets, None, 1, Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
+                self._judge(key, _split_sets(x, y, tp_p, tp_d), None, 1,
+                            Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
         return self.seen[key]
 
     def colocated(self, label: str, n: int, tp: int) -> Layout:
@@ -169,23 +177,49 @@ class _Verdicts:
             self.saturation.setdefault(key, sat)
         self.runs += runs
 
-    def _judge(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> None:
-        """``units``: what shares the rate, each saturating at the measured throughput (the
-        colocated replicas; 1 for a topology)."""
-        from sim.planning.probe import judge_saturation_last
-        from sim.scenario.schema import load_scenario
+    def take_side(self, side: _Verdicts | None) -> None:
+        """Take in layouts judged ahead in this process (:func:`_same_gpus_beside`) after the
+        worker's search, as if judged now: a layout the search already judged is dropped, and a
+        burst the search already ran is not counted again."""
+        if side is None:
+            return
+        runs = side.runs - sum(1 for key in side.saturation if key in self.saturation)
+        fresh = [layout for key, layout in side.seen.items() if key not in self.seen]
+        if not fresh:
+            return
+        for key, sat in side.saturation.items():
+            self.saturation.setdefault(key, sat)
+        for key, layout in side.seen.items():
+            if key not in self.seen:
+                layout.saturated_rps = self.saturation.get(("c", key[1], key[3]))
+                self.seen[key] = layout
+                self.order.append(layout)
+        self.runs += runs
 
-        scn = load_scenario(self.scn, [f"workload.arrival.rate={self.rate!r}", *sets])
-        if label is None:
-            label = scn.disaggregation.name
-        # a topology saturates as a whole (its own burst); colocated replicas as one replica of
-        # the policy at that TP size (one burst shared by every replica count)
-        sat_key = key if key[0] == "d" else ("c", label, key[3])
-        if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
-            self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
-        v = judge_saturation_last(scn, label, [], self.rate / units, lambda: self._saturated(sat_key, scn, label),
-                                  self.seeds)
-        self.runs += v.runs
+    def _judge(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> None:
+        """Judge a layout and keep it in judging order (a layout judged ahead, :meth:`_implied`,
+        is taken as it was judged, and its runs counted now)."""
+        done = self._ahead.pop(key, None)
+        if done is None:
+            done = self._evaluate(key, sets, label, units, layout)
+        layout, runs = done
+        self.runs += runs
+        self.seen[key] = layout
+        self.order.append(layout)
+
+    def _evaluate(self, key, sets: list[str], label: str | None, units: int, layout: Layout) -> tuple[Layout, int]:
+        """``(layout with its verdict, simulations it took)``. ``units``: what shares the rate, each
+        saturating at the measured throughput (the colocated replicas; 1 for a topology)."""
+        from sim.planning.probe import saturation_last
+
+        before = self.runs
+        hint = self.hint if key[0] == "d" else None
+        scn, label, sat_key, v = self._runs(key, sets, label, units, start_early=hint is None)
+        implied = self._implied(hint) if v.met and hint is not None else None
+        if implied is None:
+            v = saturation_last(v, self.rate / units, lambda: self._saturated(sat_key, scn, label))
+        else:
+            layout.implied_by = f"{implied.prefill}P{implied.decode}D"
         summary = v.summary
         steady = summary.get("steady") or {}
         figures = steady if steady.get("slo_met") is not None else summary
@@ -195,8 +229,55 @@ class _Verdicts:
         layout.probe_requests = summary.get("requests_total")
         layout.spread = v.spread
         layout.summary = summary
-        self.seen[key] = layout
-        self.order.append(layout)
+        runs = self.runs - before + v.runs  # bursts run meanwhile, and this layout's runs
+        self.runs = before
+        return layout, runs
+
+    def _implied(self, hint: tuple) -> Layout | None:
+        """The layout ``hint`` (fewer or as many instances in each pool as the one being judged),
+        judged now, ahead of the search asking for it; returned when it meets. Then the larger
+        layout, whose runs met, meets too without a burst of its own: more instances never lower
+        the saturated throughput (the staircase assumption of the module docstring), and the
+        rate is below the smaller one's."""
+        x, y, tp_p, tp_d = hint
+        key = ("d", x, y, tp_p, tp_d)
+        self.hint = None
+        if key in self.seen:
+            found = self.seen[key]
+        else:
+            if key not in self._ahead:
+                with point(f"{x}P{y}D (TP {tp_p}/{tp_d}) at {self.rate:g} req/s, judged ahead"):
+                    self._ahead[key] = self._evaluate(key, _split_sets(x, y, tp_p, tp_d), None, 1,
+                                                      Layout(x, y, tp_p, tp_d, x * tp_p + y * tp_d, False))
+            found = self._ahead[key][0]
+        return found if found.met else None
+
+    def _runs(self, key, sets: list[str], label: str | None, units: int, start_early: bool = True) -> tuple:
+        """The verdict of a layout's runs, every seed (:func:`sim.planning.probe.judge_seeds`),
+        before rule 1: ``(scenario, label, saturation key, verdict)``. ``start_early``: start the
+        layout's burst in the pool ahead of need (not when a smaller layout may make it needless)."""
+        from sim.planning.probe import judge_seeds
+        from sim.scenario.schema import load_scenario
+
+        scn = load_scenario(self.scn, [f"workload.arrival.rate={self.rate!r}", *sets])
+        if label is None:
+            label = scn.disaggregation.name
+        # a topology saturates as a whole (its own burst); colocated replicas as one replica of
+        # the policy at that TP size (one burst shared by every replica count)
+        sat_key = key if key[0] == "d" else ("c", label, key[3])
+
+        def start_burst(_k: int = 0) -> None:
+            if self.pool is not None and sat_key not in self.saturation and sat_key not in self._bursts:
+                self._bursts[sat_key] = self.pool.apply_async(_burst_in_worker, (scn, label))
+
+        # one seed: the burst starts beside the runs; several: once the first seed meets (a layout
+        # whose first seed fails never needs its burst, and the other seeds' runs still overlap it)
+        early = start_burst if start_early else None
+        if self.seeds <= 1 and early is not None:
+            early()
+        v = judge_seeds(scn, label, [], self.rate / units, None, self.seeds,
+                        on_met=early if self.seeds > 1 else None)
+        return scn, label, sat_key, v
 
     def _saturated(self, sat_key: tuple, scn, label: str) -> float | None:
         from sim.planning.probe import saturated_rate
@@ -213,12 +294,29 @@ class _Verdicts:
         return self.saturation[sat_key]
 
 
+def _split_sets(x: int, y: int, tp_p: int, tp_d: int) -> list[str]:
+    return [f"disaggregation.prefill.replicas={x}", f"disaggregation.decode.replicas={y}",
+            f"disaggregation.prefill.hardware.tensor_parallel={tp_p}",
+            f"disaggregation.decode.hardware.tensor_parallel={tp_d}"]
+
+
 def _burst_in_worker(scn, label: str) -> float | None:
     """A saturation burst in a worker process (:meth:`_Verdicts._judge` starts it ahead of need)."""
     from sim.planning.probe import saturated_rate
 
     silence()
     return saturated_rate(scn, label)[0]
+
+
+def _same_gpus_beside(scn, rate: float, pool, seeds: int, label: str, tps: list[int],
+                      best: Layout | None) -> _Verdicts | None:
+    """The colocated layout on the disaggregated plan's GPUs (:func:`compare_colocated`), judged
+    here while a worker searches the policy's cheapest one (for :meth:`_Verdicts.take_side`)."""
+    if best is None or best.gpus // min(tps) < 1:
+        return None
+    side = _Verdicts(scn, rate, pool, seeds)
+    side.colocated(label, best.gpus // min(tps), min(tps))
+    return side
 
 
 def _cheapest_in_worker(scn, rate: float, label: str, tps: list[int], max_replicas: int, seeds: int) -> tuple:
@@ -250,7 +348,15 @@ def _worker_pool(jobs: int):
 def search_split(v: _Verdicts, tp_p: int, tp_d: int, max_instances: int) -> Layout | None:
     """The fewest-GPU xPyD layout at these TP sizes (module docstring, steps 1-3)."""
     n = 1
-    while not v.disaggregated(n, n, tp_p, tp_d).met:
+    while True:
+        # if nPnD's runs meet, the bisection of x asks for 1PnD first: it is judged then, and if it
+        # meets nPnD needs no burst of its own (_Verdicts._implied); the order and verdicts are the
+        # search's either way
+        v.hint = (1, n, tp_p, tp_d) if n > 1 else None
+        met = v.disaggregated(n, n, tp_p, tp_d).met
+        v.hint = None
+        if met:
+            break
         if n >= max_instances:
             return None
         n = min(2 * n, max_instances)
@@ -324,12 +430,16 @@ def plan_disaggregated(scenario, target_rate: float, overrides: Iterable[str] = 
             if found is not None and (best is None or (found.gpus, found.prefill_tp + found.decode_tp)
                                       < (best.gpus, best.prefill_tp + best.decode_tp)):
                 best = found
+        # while a worker searches a policy's cheapest colocated layout, this process judges its
+        # layout on the plan's GPUs (judged last either way), then takes in the worker's search
+        side = {label: _same_gpus_beside(scn, rate, pool, seeds, label, colocated_tps, best) for label in searches}
         colocated = {}
         for label in labels:
             if label in searches:
                 with point(f"{label} colocated: its cheapest layout, searched beside"):
                     probe("waiting for the search")
                     v.merge(searches[label].get())
+                v.take_side(side[label])
             colocated[label] = compare_colocated(v, label, colocated_tps, best, max_instances, scn.slo)
     per_hour, per_million = costs(best.gpus if best else None, target_rate, scn.cost_per_gpu_hour)
     return DisaggPlan(label=dis.name, target_rate_rps=float(target_rate), best=best, max_instances=max_instances,

@@ -27,9 +27,10 @@ every probe here is judged by three rules:
 
 4. **Seeds.** A verdict near the SLO edge flips with the workload's seed (the arrival pattern and
    the lengths drawn). :func:`judge_seeds` judges the load once per seed (``seed``, ``seed + 1``,
-   ...), each by rules 1-3, and the load meets the SLO only when every seed meets it; the verdict
-   carries the *spread*: the min and max over the seeds of the binding percentile (the bounded
-   metric closest to, or furthest past, its bound).
+   ...), each by rules 1-3, and the load meets the SLO only when every seed meets it (the first
+   seed that fails ends the probe: later seeds cannot change a failed verdict); the verdict
+   carries the *spread*: the min and max over the seeds judged of the binding percentile (the
+   bounded metric closest to, or furthest past, its bound).
 
 A label is a colocated policy entry or the scenario's disaggregated entry (``disaggregation.label``,
 e.g. ``1P2D``: :func:`is_disaggregated`). A disaggregated topology is judged as one unit: its
@@ -199,7 +200,14 @@ def judge_saturation_last(scn, label: str, overrides, load_per_replica: float,
     :func:`judge` given the saturated throughput up front (rule 1 only ever turns a *met* into a
     violation); a searcher whose every candidate has a saturated throughput of its own (each
     xPyD layout of the disaggregated planner) then measures it only for the candidates that meet."""
-    v = judge_seeds(scn, label, overrides, load_per_replica, None, seeds, **kw)
+    return saturation_last(judge_seeds(scn, label, overrides, load_per_replica, None, seeds, **kw),
+                           load_per_replica, saturated)
+
+
+def saturation_last(v: Verdict, load_per_replica: float, saturated: Callable[[], float | None]) -> Verdict:
+    """Rule 1 applied to the verdict of the runs (:func:`judge_saturation_last`): a *met* becomes a
+    violation when the load is at or above the saturated throughput (``saturated()``, asked only
+    then)."""
     if not v.met:
         return v
     sat = saturated()
@@ -233,18 +241,39 @@ def binding(summary: dict, slo) -> tuple[str, float] | None:
 
 
 def judge_seeds(scn, label: str, overrides, load_per_replica: float, saturated: float | None,
-                seeds: int = 1, **kw) -> Verdict:
+                seeds: int = 1, on_met: Callable[[int], None] | None = None, **kw) -> Verdict:
     """:func:`judge` once per seed (``seed`` … ``seed + seeds − 1``, rule 4 of the module doc): met
-    only when every seed meets; the verdict of the first seed that fails (else of the scenario's
-    own seed) with ``spread`` over all of them. ``seeds`` = 1 is :func:`judge` itself."""
+    only when every seed meets, so the seeds are judged in order and the first that fails ends the
+    probe (the seeds after it could not change the verdict: a search pays for them only where a load
+    meets). The verdict is that of the first seed that fails (else of the scenario's own seed), with
+    ``spread`` over the seeds judged (``per_seed`` lists them). ``seeds`` = 1 is :func:`judge`
+    itself. ``on_met(k)``: called after the ``k``-th seed (0-based) met, before the next is judged
+    (the disaggregated planner starts a layout's saturation burst there)."""
     from sim.scenario.schema import load_scenario
 
     if seeds <= 1:
         return judge(scn, label, overrides, load_per_replica, saturated, **kw)
+    from sim.planning import seed_pool
+
     base = load_scenario(scn, list(overrides)).seed
-    verdicts = [judge(scn, label, [*overrides, f"seed={base + k}"], load_per_replica, saturated, **kw)
-                for k in range(seeds)]
-    chosen = next((v for v in verdicts if not v.met), verdicts[0])
+
+    def args(k: int) -> tuple:
+        return scn, label, [*overrides, f"seed={base + k}"], load_per_replica, saturated
+
+    verdicts, beside = [], {}
+    for k in range(seeds):
+        v = beside.pop(k).get() if k in beside else judge(*args(k), **kw)
+        verdicts.append(v)
+        if not v.met:
+            break
+        if on_met is not None and k + 1 < seeds:
+            on_met(k)
+        pool = seed_pool.current()
+        if k == 0 and pool is not None:
+            # every later seed is needed unless one fails: seeds 2, 3, ... in the spare workers
+            # while this process judges seed 1 (any after a failure are discarded, not counted)
+            beside = {j: pool.apply_async(judge, args(j), kw) for j in range(2, seeds)}
+    chosen = verdicts[-1] if not verdicts[-1].met else verdicts[0]
     slo = load_scenario(scn).slo
     figures = [binding(v.summary, slo) if v.summary else None for v in verdicts]
     metrics = [f[0] for f in figures if f is not None]

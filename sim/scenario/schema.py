@@ -395,9 +395,13 @@ class Arrival(BaseModel):
                                                   "its request ends (last token, or rejection) before it "
                                                   "sends the next; a number or a distribution "
                                                   "{dist: fixed|uniform|exponential|lognormal}; null: 0")
-    ramp_s: float | None = Field(None, ge=0, description="closed: the clients' first sends are spread "
-                                 "evenly over [0, ramp_s) (client c at c × ramp_s / concurrency); "
-                                 "null: all at t = 0")
+    ramp_s: float | None = Field(None, ge=0, description="closed: the window [0, ramp_s) the clients' "
+                                 "first sends are placed in (how: start); null: all at t = 0")
+    start: Literal["together", "even", "random"] | None = Field(
+        None, description="closed: how the clients' first sends are placed: together (all at t = 0), even "
+                          "(client c at c × ramp_s / concurrency), random (each uniform over [0, ramp_s), "
+                          "drawn from the scenario's seed, sent in time order); null: even with ramp_s, "
+                          "together without")
 
     @model_validator(mode="after")
     def _check(self) -> Arrival:
@@ -415,9 +419,15 @@ class Arrival(BaseModel):
             raise KeyedError("cv", f"only used by process 'gamma', not {self.process!r}")
         if self.process == "closed" and self.concurrency is None:
             raise KeyedError("concurrency", "required for process 'closed' (how many clients send at once)")
-        for key in ("concurrency", "think_time_s", "ramp_s"):
+        for key in ("concurrency", "think_time_s", "ramp_s", "start"):
             if self.process != "closed" and getattr(self, key) is not None:
                 raise KeyedError(key, f"only used by process 'closed', not {self.process!r}")
+        if self.start in ("even", "random") and not self.ramp_s:
+            raise KeyedError("ramp_s", f"required (> 0 seconds) with start {self.start!r}: the window the first "
+                                       "sends are placed in")
+        if self.start == "together" and self.ramp_s:
+            raise KeyedError("start", "'together' sends every first request at t = 0, but ramp_s is "
+                                      f"{self.ramp_s}: drop ramp_s, or set start to even or random")
         if isinstance(self.think_time_s, float | int) and self.think_time_s < 0:
             raise KeyedError("think_time_s", f"must be >= 0 seconds, got {self.think_time_s}")
         return self
@@ -1126,8 +1136,10 @@ class Scenario(BaseModel):
             data["workload"].pop("sessions", None)  # absent is the same scenario: saved files stay as they were
         arrival = data["workload"].get("arrival")
         if arrival is not None and arrival.get("process") != "closed":
-            for key in ("concurrency", "think_time_s", "ramp_s"):  # closed loop only, null here
+            for key in ("concurrency", "think_time_s", "ramp_s", "start"):  # closed loop only, null here
                 arrival.pop(key, None)
+        elif arrival is not None and arrival.get("start") is None:
+            arrival.pop("start", None)  # absent is the same scenario: saved files stay as they were
         # files the scenario names, as absolute paths: a saved scenario.yaml re-runs from anywhere
         trace = data["workload"].get("trace")
         if trace and trace.get("path"):

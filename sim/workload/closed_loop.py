@@ -8,8 +8,14 @@ then set by the concurrency, not by a rate: the server's own latency paces the a
 
 This module holds only what can be drawn before the run (the SimPy side is :mod:`sim.clients`):
 
-* ``first_send_s[c]``: client ``c`` sends its first request at ``c × ramp_s / N`` (all at 0
-  without ``ramp_s``), the first ``min(N, num_requests)`` requests in order;
+* ``first_send_s[c]``: when client ``c`` sends its first request (the first ``min(N, num_requests)``
+  requests in order), as ``start`` places them: ``together`` all at 0; ``even`` at ``c × ramp_s / N``;
+  ``random`` N independent uniform draws over ``[0, ramp_s)`` on their own random stream, sorted, so
+  the workload's order is still the send order (client ``c`` is the ``c``-th to send). ``random``
+  is what a long benchmark's clients look like once jitter (response handling, tokenization, the
+  API server's event loop, none of which repeats exactly) has drifted their phases apart: each
+  phase anywhere in the cycle, independently of the others, where ``even`` is the special case of
+  no two ever closer than ``ramp_s / N``;
 * ``think_s[k]``: the think time of the ``k``-th time a client is freed (in the order the run frees
   them), drawn from ``think_time_s`` on its own random stream, so a change of concurrency or of
   any length leaves these draws alone.
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 THINK = 6  # the think times' random stream: numpy.random.default_rng([seed, THINK])
+FIRST_SENDS = 12  # start: random's draws (streams 1-11 are sim.workload.draws' and sessions')
 
 
 @dataclass(frozen=True)
@@ -62,9 +69,18 @@ def closed_loop(scenario, n: int) -> ClosedLoop | None:
     if scenario.workload.requests is not None or not a.closed:
         return None
     clients = min(a.concurrency, n)
-    ramp = float(a.ramp_s or 0.0)
-    first = tuple(c * ramp / a.concurrency for c in range(clients))
+    first = first_sends(a, clients, scenario.seed)
     return ClosedLoop(a.concurrency, first, think_times(a.think_time_s, n, scenario.seed))
+
+
+def first_sends(arrival, clients: int, seed: int) -> tuple[float, ...]:
+    """The first send of each of the ``clients`` that send at all (module docstring: ``start``)."""
+    ramp = float(arrival.ramp_s or 0.0)
+    if arrival.start == "random":
+        # N draws whatever the request count, so num_requests < N takes a prefix of the same phases
+        draws = np.sort(np.random.default_rng([seed, FIRST_SENDS]).uniform(0.0, ramp, arrival.concurrency))
+        return tuple(float(t) for t in draws[:clients])
+    return tuple(c * ramp / arrival.concurrency for c in range(clients))
 
 
 @dataclass(frozen=True)

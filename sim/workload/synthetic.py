@@ -170,7 +170,10 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         order = np.argsort(arrivals, kind="stable")
     width = max(6, len(str(max(n - 1, 0))))
     specs = []
-    arr_l, p_l, o_l, m_l, c_l = (a[order].tolist() for a in (arrivals, prompt, output, max_tokens, clipped))
+    arr_l, c_l = arrivals[order].tolist(), clipped[order].tolist()
+    # one int object per distinct length (not one per request: 28 bytes each, three per request,
+    # kept for the whole run; lengths take a few thousand values at most)
+    p_l, o_l, m_l = (_one_object_per_value(a[order].tolist()) for a in (prompt, output, max_tokens))
     for i, src in enumerate(order.tolist()):
         rid = f"r{i:0{width}d}"
         p = p_l[i]
@@ -191,6 +194,11 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
         specs.append(RequestSpec(rid, float(arr_l[i]), p, o_l[i], m_l[i], 0, runs,
                                  cut=PROMPT_CLIPPED if c_l[i] else ""))
     return specs
+
+
+def _one_object_per_value(values: list[int]) -> list[int]:
+    same: dict[int, int] = {}
+    return [same.setdefault(v, v) for v in values]
 
 
 def _fit_to_clock(scenario: Scenario, arrivals: np.ndarray, replay: bool) -> np.ndarray:

@@ -13,6 +13,8 @@ Cases (what each exercises):
   shared prefixes) on a small KV pool, vllm-v1 and SGLang: prefix hits, evictions, preemptions.
 * ``memory-pressure``: ``scenarios/memory_pressure.yaml`` (vllm-v0 recompute and swap, vllm-v1).
 * ``engines``: ``scenarios/engines.yaml`` (vllm-v1, SGLang, TGI, TensorRT-LLM; 8 shared system prompts).
+* ``poisson``: 3,000 requests of ``bench/sim_speed.py``'s Poisson workload at 80 % of capacity
+  (vllm-v1): arrivals every step or two, so nearly every step is scheduled one by one.
 
 Usage::
 
@@ -34,14 +36,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "reference" / "traces"
 
-CASES = ("azure-conv", "mooncake-prefix", "memory-pressure", "engines")
+CASES = ("azure-conv", "mooncake-prefix", "memory-pressure", "engines", "poisson")
 
 
 def cases() -> dict[str, object]:
     """Case name -> a scenario dict or a scenario file path (the same for both trees)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from bench.sim_speed import azure_scenario
+    from bench.sim_speed import POISSON_20K_RATE, azure_scenario, poisson_scenario
 
     mooncake = {
         "name": "bench-mooncake-prefix",
@@ -59,6 +61,7 @@ def cases() -> dict[str, object]:
         "mooncake-prefix": mooncake,
         "memory-pressure": str(REPO / "scenarios" / "memory_pressure.yaml"),
         "engines": str(REPO / "scenarios" / "engines.yaml"),
+        "poisson": poisson_scenario(3000, POISSON_20K_RATE),
     }
 
 

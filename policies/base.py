@@ -141,6 +141,10 @@ class StepPlan:
     # step waits for (HiCache's write_back eviction)
     kv_load_layers: int = 0
     kv_store_s: float = 0.0
+    # the first ``num_decodes`` scheduled requests are one-token decodes of requests that emitted
+    # a token in the previous step (vllm-v1's bulk decode pass): each emits one token at the end
+    # of this step, continuing its run, so the engine need not check them one condition at a time
+    num_decodes: int = 0
 
     def add(self, req: Request, n: int, context: int) -> None:
         self.scheduled.append(req)

@@ -64,6 +64,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 
 class VllmV1Policy(PagedDecodeStretch, Policy):
     name = "vllm-v1"
+    _keep_edges = True  # False: rebuild the edge calendar at every bulk step (tests compare both)
     summary = (
         f"vLLM V1 ({VLLM_RELEASE}): token budget, running requests first, chunked prefill, "
         "full-prompt admission gate, LIFO recompute preemption, paged KV with prefix caching"
@@ -163,6 +164,12 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         # after that step every running request is one decode away (see decode_stretch)
         self._decode_ready = False
         self._lookahead = 0  # KV slots allocated beyond a step's tokens (speculative decoding)
+        # the edge calendar of consecutive bulk decode steps (see _bulk_decodes): pure-decode
+        # tick -> (rank, request) due at that tick; None: to be rebuilt from the running list
+        self._edges: dict[int, list[tuple[int, Request, Any]]] | None = None
+        self._tick = 0  # pure-decode steps taken since the calendar was built
+        self._ranks = 0  # ranks given so far (a request's rank orders it as the running list does)
+        self._bulk_run = 0  # bulk steps since the calendar was dropped (the first one scans the batch)
 
     # --- speculative decoding ---------------------------------------------------------------
     supports_speculation = True
@@ -270,6 +277,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         bulk = self._bulk_decodes(token_budget) if self._decode_ready else None
         spec_k, lookahead = self.num_speculative_tokens, self._lookahead
         if bulk is None:
+            self._drop_edges()  # requests advance by other amounts than one token: rebuild
             i = 0
         else:
             i = len(running)
@@ -433,50 +441,160 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             if c < r.prompt_tokens + r.num_output_tokens:
                 ready = False  # still prefilling: it emits no token this step
         plan.scheduled, plan.num_new_tokens, plan.context = sched, sched_n, context
+        if bulk is not None and not spec_k:
+            plan.num_decodes = nb
         self._stored_tokens += sum(sched_n)
         self._decode_ready = ready
+        if bulk is not None and self._edges is not None:
+            if not ready or not self._keep_edges:
+                self._drop_edges()
+            elif len(sched) > nb:  # admitted this step, decode-ready from the next tick on
+                self._enter(sched[nb:], self._tick)
         return plan
 
     def _bulk_decodes(self, token_budget: int) -> list[int] | None:
         """Phase A when every running request is one decode away and its block fits: the same
         allocate_slots calls, in the same order, that the request-by-request pass would make
         (only requests at a block boundary need one; the others' calls do nothing). Returns the
-        requests' contexts, or None (nothing changed) to take the request-by-request pass."""
+        requests' contexts, or None (nothing changed) to take the request-by-request pass.
+
+        Which requests are at a boundary comes from the *edge calendar*: in consecutive bulk
+        steps every running request's context grows by exactly one token a step, so the step at
+        which each next needs the KV manager (a new block, or a full block to register) is known
+        when it last did; the calendar keeps the requests by that step (a shared tick), and a
+        step touches only those due. Any step that advances requests otherwise (a chunked
+        prefill, a preemption, a fast-forward stretch) drops the calendar, and the next bulk
+        step rebuilds it from the running list."""
         running = self.running
         if not running or len(running) > token_budget:
             return None
-        kv = self.kv
-        B = kv.block_size
         last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
         # every running request one decode away (all its tokens computed but the last), with room
         context = [r.num_computed_tokens for r in running]
         if context != [r.prompt_tokens + r.num_output_tokens - 1 for r in running] or max(context) >= last:
             return None
-        fills = []
-        if kv.enable_caching:
-            states = kv.request_states()
-            sts = [states[r] for r in running]
-            # at the end of its block table (needs a block) or about to fill a block not yet registered
-            marked = [i for i, (st, c) in enumerate(zip(sts, context))
-                      if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks]
-            edge = []
-            for i in marked:
-                st, c = sts[i], context[i]
-                if c < len(st.blocks) * B and st.num_cached_blocks >= st.shared:
+        edges = self._edges
+        tick = self._tick
+        if edges is None:
+            if not self._bulk_run:
+                # a lone bulk step (after a chunked prefill, a long stretch, ...) scans the batch:
+                # building the calendar pays only from the second bulk step in a row on
+                kv = self.kv
+                B = kv.block_size
+                states = kv.request_states()
+                sts = [states[r] for r in running]
+                if kv.enable_caching:
+                    # at the end of its block table (needs a block) or about to fill a block not yet registered
+                    marked = [i for i, (st, c) in enumerate(zip(sts, context))
+                              if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks]
+                else:
+                    marked = [i for i, (st, c) in enumerate(zip(sts, context)) if c >= len(st.blocks) * B]
+                if marked and not self._decode_edges([(i, running[i], sts[i]) for i in marked], 0, False):
+                    return None  # someone may be preempted: the request-by-request pass decides
+                self._bulk_run = 1
+                return context
+            edges, tick = self._edges, self._tick = {}, 0
+            self._ranks = 0
+            self._enter(running, 0)
+        due = edges.pop(tick, None)
+        if due:
+            if not self._decode_edges(due, tick):
+                self._drop_edges()  # someone may be preempted: the request-by-request pass decides
+                return None
+        self._tick = tick + 1
+        return context
+
+    def _drop_edges(self) -> None:
+        self._edges = None
+        self._bulk_run = 0
+
+    def _enter(self, reqs: list[Request], tick: int) -> None:
+        """Put decode-ready requests (in running order, after every one already in) into the
+        calendar: each at the tick of its next block edge, counted from ``tick`` at its
+        current context. An entry is ``(rank, request, its KV state)``."""
+        states = self.kv.request_states()
+        rank = self._ranks
+        entries = []
+        for r in reqs:
+            entries.append((rank, r, states[r]))
+            rank += 1
+        self._ranks = rank
+        self._reenter(entries, tick)
+
+    def _decode_edges(self, due: list[tuple[int, Request, Any]], tick: int, reenter: bool = True) -> bool:
+        """The KV work of the bulk step at ``tick`` for the requests due then, in running order:
+        False (nothing changed) when their new blocks do not fit. ``reenter``: put them back
+        in the calendar at their next edge."""
+        kv = self.kv
+        B = kv.block_size
+        caching = kv.enable_caching
+        # with KV tiers a filled block is also written through to the CPU tier (own content too),
+        # in running order: every request due goes through allocate_slots, as request by request
+        count_fills = kv.tiers is None
+        if len(due) > 1:
+            due.sort()  # by rank: running order
+        live, fills, edge, grow, grow_ctx = [], [], [], [], []
+        for entry in due:
+            st = entry[2]
+            blocks = st.blocks
+            if not blocks:
+                continue  # finished (its blocks were freed): it leaves the calendar here
+            live.append(entry)
+            r = entry[1]
+            c = r.num_computed_tokens
+            if c >= len(blocks) * B:
+                grow.append(st)  # needs a block
+                grow_ctx.append(c)
+                edge.append(r)
+            elif caching and (c + 1) // B > st.num_cached_blocks:
+                if st.num_cached_blocks >= st.shared and count_fills:
                     fills.append((st, (c + 1) // B))  # fills one of its own: registered by count
                 else:
-                    edge.append(running[i])  # needs a block, or fills one that gets hashed and registered
-        else:
-            edge = [r for r, c in zip(running, context) if c % B == 0]  # may need a new block
+                    edge.append(r)  # fills a block that gets hashed and registered
+        if len(grow) > kv.num_free_blocks:
+            return False
         if edge:
-            if kv.decode_blocks_needed(edge, 1) > kv.num_free_blocks:
-                return None  # someone may be preempted: the request-by-request pass decides
-            for r in edge:
-                if kv.allocate_slots(r, 1) is None:
-                    raise AssertionError(f"{r.id}: a counted block did not fit")
+            if len(grow) == len(edge) and kv.tiers is None and (
+                    not caching or all(st.num_cached_blocks >= st.shared for st in grow)):
+                # each needs one block and registers nothing but by count: one pop of the free queue
+                # hands out the blocks those allocate_slots calls would, in the same order
+                kv.append_decode_blocks(grow, grow_ctx)
+            else:
+                for r in edge:
+                    if kv.allocate_slots(r, 1) is None:
+                        raise AssertionError(f"{r.id}: a counted block did not fit")
         for st, full in fills:  # what allocate_slots' fast path does for them
             st.num_cached_blocks = full
-        return context
+        if reenter:  # their next edges, from the next tick at one more token (an edge is at or past it)
+            self._reenter(live, tick + 1, 1)
+        return True
+
+    def _reenter(self, entries: list[tuple[int, Request, Any]], tick: int, ahead: int = 0) -> None:
+        """Enter calendar entries (ranks kept) at their next edge, counted from ``tick``, at
+        which each request's context will be ``ahead`` tokens past its current one: the first
+        context that needs a new block (``len(blocks) * B``) or, with caching, fills the next
+        block to register (``(num_cached_blocks + 1) * B - 1``). Finished requests are dropped."""
+        kv = self.kv
+        B, caching = kv.block_size, kv.enable_caching
+        edges = self._edges
+        base = tick - ahead
+        for entry in entries:
+            st = entry[2]
+            e = len(st.blocks) * B
+            if not e:
+                continue  # finished
+            if caching:
+                f = (st.num_cached_blocks + 1) * B - 1
+                if f < e:
+                    e = f
+            key = base + e - entry[1].num_computed_tokens
+            if key < tick:
+                key = tick
+            bucket = edges.get(key)
+            if bucket is None:
+                edges[key] = [entry]
+            else:
+                bucket.append(entry)
 
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
         if not finished:
@@ -531,9 +649,38 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._heap.clear()
         self._stored_tokens = 0
         self._decode_ready = False
+        self._drop_edges()
         return out
 
     # --- pure-decode stretches (Policy.decode_stretch) --------------------------------------
+    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+        """The KV work of ``k`` pure-decode steps (:class:`PagedDecodeStretch`) for the requests
+        the edge calendar has due inside the stretch (the others cross no block edge there), and
+        the calendar moved ``k`` ticks on: those are entered again at their next edge."""
+        edges = self._edges
+        if edges is None or batch is not self.running or k >= self.kv.block_size:
+            # a stretch of a block or more takes nearly every request across an edge: a full scan
+            # here costs less than moving the calendar on (a short one leaves a pending build be)
+            if edges is not None or k >= self.kv.block_size:
+                self._drop_edges()
+            return PagedDecodeStretch.advance_decodes(self, batch, k)
+        tick = self._tick
+        end = tick + k
+        if k < len(edges):
+            keys = [t for t in range(tick, end) if t in edges]
+        else:
+            keys = [t for t in edges if t < end]
+        due = []
+        for t in keys:
+            due += edges.pop(t)
+        due = [e for e in due if e[2].blocks]  # finished ones (blocks freed) leave
+        due.sort()  # by rank: running order
+        out = PagedDecodeStretch.advance_decodes(self, batch, k, [e[1] for e in due])
+        self._tick = end
+        if due:
+            self._reenter(due, end)
+        return out
+
     def decode_stretch(self) -> tuple[list[Request], int] | None:
         """After a step that scheduled every running request and completed each one's tokens,
         every running request is decode-ready (``num_computed_tokens == num_tokens - 1``) and

@@ -256,7 +256,7 @@ class Replica:
         if plan.spec_tokens is not None:
             self._verified_step(plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed)
             return
-        finished = emit_step_tokens(plan.scheduled, self.records, len(self.steps), now)
+        finished = emit_step_tokens(plan.scheduled, self.records, len(self.steps), now, None, plan.num_decodes)
         self.policy.finish_step(plan, finished)
         for req in finished:
             self._end(self.records[req.id], "finished")
@@ -386,9 +386,27 @@ def landing_delay(now: float, target: float) -> float | None:
 
 def fast_step_shape(plan: StepPlan) -> StepShape:
     """``step_shape(plan)``, with the decodes (one new token on a non-empty context) summed by
-    builtins and only the prefill chunks visited one by one, in batch order as there."""
+    builtins and only the prefill chunks visited one by one, in batch order as there. The plan's
+    leading ``num_decodes`` requests are decodes (the policy says so): only the rest are looked at."""
     nn = plan.num_new_tokens
     ctx = plan.context
+    nd = plan.num_decodes
+    if nd:
+        if nd == len(nn):
+            return decode_step_shape(plan)
+        total_ctx = sum(ctx)
+        prefill_tokens = prefill_ctx = 0
+        prefill_attn = 0.0
+        decodes = nd
+        for i in range(nd, len(nn)):
+            n, c = nn[i], ctx[i]
+            if n == 1 and c > 0:
+                decodes += 1
+            else:
+                prefill_tokens += n
+                prefill_attn += n * (c + (n + 1) / 2)
+                prefill_ctx += c
+        return _shape(plan, total_ctx, prefill_tokens, prefill_ctx, prefill_attn, decodes)
     if not nn or min(ctx) <= 0:
         return step_shape(plan)
     total_ctx = sum(ctx)
@@ -403,6 +421,19 @@ def fast_step_shape(plan: StepPlan) -> StepShape:
             prefill_tokens += n
             prefill_attn += n * (c + (n + 1) / 2)
             prefill_ctx += c
+    return _shape(plan, total_ctx, prefill_tokens, prefill_ctx, prefill_attn, decodes)
+
+
+def decode_step_shape(plan: StepPlan) -> StepShape:
+    """The shape of a plan of decodes only (``num_decodes`` covers the batch)."""
+    total_ctx = sum(plan.context)
+    b = len(plan.num_new_tokens)
+    return _shape(plan, total_ctx, 0, 0, 0.0, b)
+
+
+def _shape(plan: StepPlan, total_ctx: int, prefill_tokens: int, prefill_ctx: int, prefill_attn: float,
+           decodes: int) -> StepShape:
+    nn = plan.num_new_tokens
     kv_read = total_ctx + sum(nn) + plan.padding_context
     return StepShape(num_tokens=prefill_tokens + decodes + plan.padding_tokens, num_seqs=len(plan.scheduled),
                      prefill_tokens=prefill_tokens, decode_tokens=decodes, prefill_attn=prefill_attn,

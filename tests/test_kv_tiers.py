@@ -174,7 +174,8 @@ def test_the_fast_forward_stays_exact_with_tiers_on(backend, seed):
         own = ((("own", i), rng.randint(1, 200)),)
         out = rng.randint(20, 120)
         specs.append(RequestSpec(f"r{i:03d}", t, 300 + own[0][1], out, out, prompt_runs=(shared, *own)))
-    lim = limits(backend, gpu_blocks=90, cpu_blocks=200)
+    # 300 CPU blocks: every seed still hits the tier with each filled block written through
+    lim = limits(backend, gpu_blocks=90, cpu_blocks=300)
     a = simulate(lim, specs, fast_forward=True)
     b = simulate(lim, specs, fast_forward=False)
     import pandas as pd

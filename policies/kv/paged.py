@@ -350,14 +350,14 @@ class PagedKVManager:
                 hi = mid - 1
         return lo
 
-    def advance_decode_stretch(self, batch: list[Request], k: int,
-                               stored0: int) -> tuple[list[int], list[int], list[int]]:
+    def advance_decode_stretch(self, batch: list[Request], k: int, stored0: int,
+                               edged: list[Request] | None = None) -> tuple[list[int], list[int], list[int]]:
         """``Policy.advance_decodes`` for a policy whose KV is this manager (vLLM V1, TRT-LLM):
         the block work of ``k`` pure-decode steps, then each request's counters up by ``k``.
         Returns per step the blocks used, the token slots held, and the stored tokens counted
         from ``stored0`` (the policy's own count before the stretch; each step adds one a request)."""
         used0, held0 = self.num_used_blocks, self.held_token_slots
-        allocated = self.advance_decodes(batch, k)
+        allocated = self.advance_decodes(batch, k, edged)
         for r in batch:
             r.num_computed_tokens += k
             r.num_output_tokens += k
@@ -369,12 +369,15 @@ class PagedKVManager:
         stored = list(range(stored0 + b, stored0 + b * k + 1, b)) if b else [stored0] * k
         return used, reserved, stored
 
-    def advance_decodes(self, batch: list[Request], k: int) -> list[int]:
+    def advance_decodes(self, batch: list[Request], k: int, edged: list[Request] | None = None) -> list[int]:
         """Do the block work of ``k`` pure-decode steps (the caller then advances the requests'
         counters by ``k``): every step at which a request would allocate a block or register a
         full one calls :meth:`allocate_slots` for it exactly as that step would, with the
         request's counters set to that step's values, in (step, batch) order. Returns the blocks
-        allocated in each step."""
+        allocated in each step. ``edged``: the requests of the batch, in batch order, that reach
+        a block edge within the ``k`` steps (known to the caller); the others have no block work."""
+        if edged is not None:
+            batch = edged
         B = self.block_size
         reqs = self._reqs
         caching = self.enable_caching
@@ -430,6 +433,21 @@ class PagedKVManager:
             allocated[j - 1] += len(new)
         return allocated
 
+    def append_decode_blocks(self, states: list[_ReqKV], contexts: list[int]) -> None:
+        """``allocate_slots(r, 1)`` for decodes at the end of their block tables (context a
+        multiple of the block size, one past the table) whose remaining blocks are all their own
+        and with no KV tiers, in the order given: each gets the next block of the free queue (one
+        pop for all: the same blocks in the same order) and, with caching, registers by count the
+        block its token fills."""
+        new = self.pool.get_new_blocks(len(states))
+        B = self.block_size
+        caching = self.enable_caching
+        for st, b, c in zip(states, new, contexts):
+            st.blocks.append(b)
+            if caching and (c + 1) // B > st.num_cached_blocks:
+                st.num_cached_blocks = (c + 1) // B
+        self._held_blocks += len(new)
+
     def release(self, req: Request) -> None:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req, _keep_own=False)
@@ -448,7 +466,8 @@ class PagedDecodeStretch:
     def decode_stretch_limit(self, batch: list[Request], k: int) -> int:
         return self.kv.decode_stretch_limit(batch, k)
 
-    def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
+    def advance_decodes(self, batch: list[Request], k: int,
+                        edged: list[Request] | None = None) -> tuple[list[int], list[int], list[int]]:
         stored0 = self._stored_tokens
         self._stored_tokens = stored0 + len(batch) * k
-        return self.kv.advance_decode_stretch(batch, k, stored0)
+        return self.kv.advance_decode_stretch(batch, k, stored0, edged)

@@ -48,7 +48,8 @@ class RecomputeTracker:
             return 0, 0.0  # decodes only: nothing to recompute, no prefill to follow
         tokens, pairs = 0, 0.0
         owed, partial, ctx, sched = self.owed, self.partial, plan.context, plan.scheduled
-        for i in [i for i, n in enumerate(nn) if n != 1 or ctx[i] == 0]:
+        # the plan's leading num_decodes are decodes (one token on a non-empty context)
+        for i in [i for i in range(plan.num_decodes, len(nn)) if nn[i] != 1 or ctx[i] == 0]:
             req, n, c = sched[i], nn[i], ctx[i]
             rid = req.id
             end = c + n

@@ -158,14 +158,31 @@ class RequestRecord:
 
 
 def emit_step_tokens(scheduled: list[Request], records: dict[str, RequestRecord], step: int, now: float,
-                     on_token=None) -> list[Request]:
+                     on_token=None, decodes: int = 0) -> list[Request]:
     """After step ``step`` (of one replica) ended at ``now``: ``policies.base.emit_tokens`` and the
     end-of-request test in one pass, in batch order. Every scheduled request whose prompt (plus
     earlier outputs) is fully computed emits one token, recorded in its :class:`RequestRecord`'s
     token-time runs (and passed to ``on_token(req)`` when given); those that reach their
     ``finish_at`` are marked finished at ``now`` and returned, in batch order, for
-    ``policy.finish_step``. Both engines (``sim.engine`` and ``calib.engine``) step through here."""
+    ``policy.finish_step``. Both engines (``sim.engine`` and ``calib.engine``) step through here.
+
+    ``decodes`` (``StepPlan.num_decodes``): the first ``decodes`` requests are decodes that
+    emitted at the previous step, so each emits here and its run of consecutive steps goes on
+    (nothing to record but the count); only their end is tested."""
     finished = []
+    if decodes and on_token is None:
+        for i in range(decodes):
+            req = scheduled[i]
+            out = req.num_output_tokens + 1
+            req.num_output_tokens = out
+            rec = records[req.id]
+            if out >= rec.finish_at:
+                req.status = _FINISHED
+                rec.finish_s = now
+                finished.append(req)
+        if decodes == len(scheduled):
+            return finished
+        scheduled = scheduled[decodes:]
     for req in scheduled:
         out = req.num_output_tokens
         if req.num_computed_tokens >= req.prompt_tokens + out:

@@ -1,0 +1,158 @@
+"""What a lone prompt's simulated TTFT is made of, next to the measured one (issue 26).
+
+What it answers: on the corpus rows where no two prefills meet (a few clients, independent phases),
+``bench/silicon_accuracy.py`` finds the simulated TTFT ~30 % below the measured one while TPOT agrees
+within ~5 %. This script writes the simulated TTFT of such a row as its parts, in closed form from the
+row's kernel-db table, and prints beside them what the measurement implies for the prefill step:
+
+- ``wait``: the step the request waits for. A closed-loop client sends its next request when its
+  previous one ends, at the end of a step; the engine has started the next step by then (cbsim's
+  loop, and vLLM V1's ``EngineCore.step``, which schedules the requests it holds), so the new request
+  waits one whole pure-decode step of the other ``N - 1`` clients' requests;
+- ``prefill``: the step that holds its prompt beside those ``N - 1`` decodes, by component (GEMMs at
+  M = tokens with the TP all-reduces, ``linear``; context attention ``prefill_attn``; the decodes'
+  attention; ``per_seq``: the LM head; ``engine_cpu``), and the steps that hold the rest of the prompt
+  when it does not fit the token budget beside the decodes (vLLM's chunked prefill: ``budget - (N - 1)``
+  tokens in the first);
+- ``bound``: the prefill's FLOPs at the GPU's dense FP8 (or BF16) Tensor Core peak;
+- ``implied``: the measured TTFT less one measured decode step (the row's TPOT), what the real
+  prefill step(s) took if the wait is as above, and its ratio to the simulated prefill.
+
+The other clients' decodes are priced at the mean context of uniform phases (``ISL + OSL / 2``), so
+``total`` is the mean of the simulated TTFTs up to the curvature of the decode attention in the
+context (tests/test_ttft_parts.py checks it against the simulation).
+
+    .venv/bin/python bench/ttft_parts.py --only h200_sxm_vllm --only llama_3_1_70b --only _c4_
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+COMPONENTS = ("linear", "prefill_attn", "decode_attn", "per_seq", "engine_cpu")
+
+
+@dataclass
+class Parts:
+    """A lone prompt's simulated TTFT in seconds, and its prefill step's components."""
+
+    wait_s: float  # the pure-decode step of the other clients' requests it waits for
+    prefill_s: float  # the step holding the first chunk of its prompt
+    rest_s: float  # the steps holding the rest of the prompt (0 when it fits the budget)
+    components: dict[str, float]  # the first prefill step by component (their sum is its GPU time)
+    bound_s: float  # the whole prompt's FLOPs at the GPU's dense Tensor Core peak
+    chunks: list[int]  # prompt tokens per step
+
+    @property
+    def total_s(self) -> float:
+        return self.wait_s + self.prefill_s + self.rest_s
+
+
+def _plan(news: list[int], contexts: list[int]):
+    from policies.base import StepPlan
+
+    # the pricing reads the token counts and contexts, and the number of sequences scheduled
+    return StepPlan(scheduled=[None] * len(news), num_new_tokens=list(news), context=list(contexts))
+
+
+def latency_of(scenario: dict):
+    """The table backend and the engine limits the simulation of ``scenario`` runs with."""
+    from sim.scenario.resolved import resolve
+    from sim.scenario.schema import load_scenario
+
+    scn = load_scenario(scenario)
+    dep = resolve(scn)
+    limits = dep.limits_for(scn.policies[0].name)
+    return dep.latency(), limits, dep
+
+
+def parts(latency, isl: int, others: int, other_context: float, budget: int, peak_flops: float) -> Parts:
+    """The closed form of the module docstring for one prompt of ``isl`` tokens beside ``others``
+    decoding requests of mean context ``other_context``, under a token budget of ``budget``."""
+    from sim.latency.base import step_shape
+
+    ctx = int(round(other_context))
+
+    def price(news, contexts):
+        plan = _plan(news, contexts)
+        return latency.price(step_shape(plan), plan)[0]
+
+    wait = price([1] * others, [ctx] * others) if others else 0.0
+    chunks, left = [], isl
+    while left > 0:
+        n = min(left, budget - others)
+        chunks.append(n)
+        left -= n
+    steps, done = [], 0
+    for j, n in enumerate(chunks):
+        # the decodes run in every step; their contexts grow by one token a step
+        steps.append(price([1] * others + [n], [ctx + 1 + j] * others + [done]))
+        done += n
+    comps = components(latency, chunks[0], others, ctx + 1)
+    # the prompt's own FLOPs on one GPU (a TP shard): linear layers, attention, its LM head once
+    flops = latency.step_flops_bytes(step_shape(_plan([isl], [0])))[0]
+    return Parts(wait, steps[0], sum(steps[1:]), comps, flops / peak_flops, chunks)
+
+
+def components(latency, n: int, others: int, ctx: int) -> dict[str, float]:
+    """The first prefill step's GPU time by table component (TableLatency.price's terms)."""
+    out = {"linear": latency._lin(n + others), "prefill_attn": latency._pre(n, 0)}
+    out["decode_attn"] = latency._mix(others, ctx) if others else 0.0
+    out["per_seq"] = latency._seq(others + 1) if latency._seq is not None else 0.0
+    out["engine_cpu"] = latency._cpu(others + 1) if latency._cpu is not None else 0.0
+    out["fixed"] = latency._fixed
+    return out
+
+
+def row_parts(row, table: str) -> Parts:
+    """:func:`parts` for one corpus row (bench/silicon_accuracy.py's scenario of it)."""
+    from bench.silicon_accuracy import scenario_of
+
+    latency, limits, dep = latency_of(scenario_of(row, table, 1))
+    peak = dep.gpu.fp8_flops if row.precision == "fp8" and dep.gpu.fp8_flops else dep.gpu.bf16_flops
+    return parts(latency, row.isl, row.concurrency - 1, row.isl + row.osl / 2, limits.max_num_batched_tokens, peak)
+
+
+def main(argv=None) -> int:
+    import bench.silicon_accuracy as sa
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
+    args = ap.parse_args(argv)
+    rows = sa.select(sa.read_rows(), args.only)
+    sa.classify(rows)
+    priced = sorted((r for r in rows if not r.skip), key=lambda r: (r.system, r.isl, r.tp, r.concurrency))
+    digest = sa.code_hash()
+    tables = {}
+    for key in sorted({r.table_key for r in priced}):
+        _, folder, err = sa.build_one((key, digest))
+        tables[key] = folder
+    print(f"{'row':44s} {'wait':>6s} {'prefill':>8s} {'rest':>6s} {'= sim':>7s}   {'linear':>7s} {'ctxattn':>7s} "
+          f"{'dec':>5s} {'lmhead':>6s} {'cpu':>5s}   {'bound':>6s} {'MFU':>4s}   {'real':>7s} {'implied':>7s} {'x sim':>6s}")
+    for r in priced:
+        if not tables.get(r.table_key):
+            continue
+        p = row_parts(r, tables[r.table_key])
+        c = p.components
+        implied = r.ttft_ms - r.tpot_ms  # measured TTFT less one measured decode step
+        sim_pre = (p.prefill_s + p.rest_s) * 1e3
+        name = r.id.split("_fp8_agg_")[-1] if "_agg_" in r.id else r.id[-44:]
+        name = f"{r.system} {name}"[:44]
+        print(f"{name:44s} {p.wait_s * 1e3:6.1f} {p.prefill_s * 1e3:8.1f} {p.rest_s * 1e3:6.1f} {p.total_s * 1e3:7.1f}   "
+              f"{c['linear'] * 1e3:7.1f} {c['prefill_attn'] * 1e3:7.2f} {c['decode_attn'] * 1e3:5.2f} "
+              f"{c['per_seq'] * 1e3:6.2f} {c['engine_cpu'] * 1e3:5.2f}   {p.bound_s * 1e3:6.1f} "
+              f"{p.bound_s * 1e3 / sim_pre:4.0%}   {r.ttft_ms:7.1f} {implied:7.1f} {implied / sim_pre:6.2f}")
+    print("\nms; wait + prefill + rest = the closed form of a lone prompt's simulated TTFT; bound: the prompt's FLOPs "
+          "per GPU at the dense FP8/BF16 peak, MFU = bound / simulated prefill; implied = real TTFT - real TPOT "
+          "(the real prefill step(s) if the wait is one decode step), x sim = implied / simulated prefill")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

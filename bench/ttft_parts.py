@@ -116,14 +116,18 @@ def row_parts(row, table: str) -> Parts:
 
     latency, limits, dep = latency_of(scenario_of(row, table, 1))
     peak = dep.gpu.fp8_flops if row.precision == "fp8" and dep.gpu.fp8_flops else dep.gpu.bf16_flops
-    return parts(latency, row.isl, row.concurrency - 1, row.isl + row.osl / 2, limits.max_num_batched_tokens, peak)
+    return parts(
+        latency, row.isl, row.concurrency - 1, row.isl + row.osl / 2, limits.max_num_batched_tokens, peak
+    )
 
 
 def main(argv=None) -> int:
     import bench.silicon_accuracy as sa
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
+    ap.add_argument(
+        "--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this"
+    )
     args = ap.parse_args(argv)
     rows = sa.select(sa.read_rows(), args.only)
     sa.classify(rows)
@@ -133,8 +137,10 @@ def main(argv=None) -> int:
     for key in sorted({r.table_key for r in priced}):
         _, folder, err = sa.build_one((key, digest))
         tables[key] = folder
-    print(f"{'row':44s} {'wait':>6s} {'prefill':>8s} {'rest':>6s} {'= sim':>7s}   {'linear':>7s} {'ctxattn':>7s} "
-          f"{'dec':>5s} {'lmhead':>6s} {'cpu':>5s}   {'bound':>6s} {'MFU':>4s}   {'real':>7s} {'implied':>7s} {'x sim':>6s}")
+    print(
+        f"{'row':44s} {'wait':>6s} {'prefill':>8s} {'rest':>6s} {'= sim':>7s}   {'linear':>7s} {'ctxattn':>7s} "
+        f"{'dec':>5s} {'lmhead':>6s} {'cpu':>5s}   {'bound':>6s} {'MFU':>4s}   {'real':>7s} {'implied':>7s} {'x sim':>6s}"
+    )
     for r in priced:
         if not tables.get(r.table_key):
             continue
@@ -144,13 +150,17 @@ def main(argv=None) -> int:
         sim_pre = (p.prefill_s + p.rest_s) * 1e3
         name = r.id.split("_fp8_agg_")[-1] if "_agg_" in r.id else r.id[-44:]
         name = f"{r.system} {name}"[:44]
-        print(f"{name:44s} {p.wait_s * 1e3:6.1f} {p.prefill_s * 1e3:8.1f} {p.rest_s * 1e3:6.1f} {p.total_s * 1e3:7.1f}   "
-              f"{c['linear'] * 1e3:7.1f} {c['prefill_attn'] * 1e3:7.2f} {c['decode_attn'] * 1e3:5.2f} "
-              f"{c['per_seq'] * 1e3:6.2f} {c['engine_cpu'] * 1e3:5.2f}   {p.bound_s * 1e3:6.1f} "
-              f"{p.bound_s * 1e3 / sim_pre:4.0%}   {r.ttft_ms:7.1f} {implied:7.1f} {implied / sim_pre:6.2f}")
-    print("\nms; wait + prefill + rest = the closed form of a lone prompt's simulated TTFT; bound: the prompt's FLOPs "
-          "per GPU at the dense FP8/BF16 peak, MFU = bound / simulated prefill; implied = real TTFT - real TPOT "
-          "(the real prefill step(s) if the wait is one decode step), x sim = implied / simulated prefill")
+        print(
+            f"{name:44s} {p.wait_s * 1e3:6.1f} {p.prefill_s * 1e3:8.1f} {p.rest_s * 1e3:6.1f} {p.total_s * 1e3:7.1f}   "
+            f"{c['linear'] * 1e3:7.1f} {c['prefill_attn'] * 1e3:7.2f} {c['decode_attn'] * 1e3:5.2f} "
+            f"{c['per_seq'] * 1e3:6.2f} {c['engine_cpu'] * 1e3:5.2f}   {p.bound_s * 1e3:6.1f} "
+            f"{p.bound_s * 1e3 / sim_pre:4.0%}   {r.ttft_ms:7.1f} {implied:7.1f} {implied / sim_pre:6.2f}"
+        )
+    print(
+        "\nms; wait + prefill + rest = the closed form of a lone prompt's simulated TTFT; bound: the prompt's FLOPs "
+        "per GPU at the dense FP8/BF16 peak, MFU = bound / simulated prefill; implied = real TTFT - real TPOT "
+        "(the real prefill step(s) if the wait is one decode step), x sim = implied / simulated prefill"
+    )
     return 0
 
 

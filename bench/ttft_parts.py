@@ -115,7 +115,7 @@ def row_parts(row, table: str) -> Parts:
     from bench.silicon_accuracy import scenario_of
 
     latency, limits, dep = latency_of(scenario_of(row, table, 1))
-    peak = dep.gpu.fp8_flops if row.precision == "fp8" and dep.gpu.fp8_flops else dep.gpu.bf16_flops
+    peak = dep.gpu.fp8_flops if row.precision == "fp8" and dep.gpu.fp8_flops else dep.gpu.peak_flops
     return parts(
         latency, row.isl, row.concurrency - 1, row.isl + row.osl / 2, limits.max_num_batched_tokens, peak
     )
@@ -148,8 +148,7 @@ def main(argv=None) -> int:
         c = p.components
         implied = r.ttft_ms - r.tpot_ms  # measured TTFT less one measured decode step
         sim_pre = (p.prefill_s + p.rest_s) * 1e3
-        name = r.id.split("_fp8_agg_")[-1] if "_agg_" in r.id else r.id[-44:]
-        name = f"{r.system} {name}"[:44]
+        name = f"{r.system} {r.model.split('/')[-1][:18]} {r.isl}x{r.osl} c{r.concurrency} tp{r.tp}"[:44]
         print(
             f"{name:44s} {p.wait_s * 1e3:6.1f} {p.prefill_s * 1e3:8.1f} {p.rest_s * 1e3:6.1f} {p.total_s * 1e3:7.1f}   "
             f"{c['linear'] * 1e3:7.1f} {c['prefill_attn'] * 1e3:7.2f} {c['decode_attn'] * 1e3:5.2f} "

@@ -156,9 +156,9 @@ def main(argv=None) -> int:
             f"{p.bound_s * 1e3 / sim_pre:4.0%}   {r.ttft_ms:7.1f} {implied:7.1f} {implied / sim_pre:6.2f}"
         )
     print(
-        "\nms; wait + prefill + rest = the closed form of a lone prompt's simulated TTFT; bound: the prompt's FLOPs "
-        "per GPU at the dense FP8/BF16 peak, MFU = bound / simulated prefill; implied = real TTFT - real TPOT "
-        "(the real prefill step(s) if the wait is one decode step), x sim = implied / simulated prefill"
+        "\nms; wait + prefill + rest = the closed form of a lone prompt's simulated TTFT\n"
+        "bound: the prompt's FLOPs per GPU at the dense FP8/BF16 peak; MFU = bound / simulated prefill\n"
+        "implied = real TTFT - real TPOT (the real prefill if the wait is one decode step); x sim = implied / simulated"
     )
     return 0
 

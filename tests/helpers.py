@@ -50,6 +50,33 @@ TINY_SCENARIO = {
 }
 
 
+def random_sessions(rng: random.Random) -> list[RequestSpec]:
+    """4-10 multi-turn sessions (1-4 turns, two system prompts, each turn's prompt the session's
+    whole history), drawn from ``rng``: the workload of the tier conservation property tests."""
+    specs, t = [], 0.0
+    for s in range(rng.randint(4, 10)):
+        t += rng.expovariate(2.0)
+        history = [(("system", rng.randrange(2)), rng.choice([0, 64, 200]))]
+        for k in range(rng.randint(1, 4)):
+            history.append((("user", s, k), rng.randint(1, 120)))
+            runs = tuple(r for r in history if r[1] > 0)
+            out = rng.randint(1, 40)
+            specs.append(
+                RequestSpec(
+                    f"s{s}t{k}",
+                    t + 3.0 * k,
+                    sum(n for _, n in runs),
+                    out,
+                    out,
+                    prompt_runs=runs,
+                    output_key=("answer", s, k),
+                )
+            )
+            history.append((("answer", s, k), out))
+    specs.sort(key=lambda x: x.arrival_s)
+    return specs
+
+
 def specs_from(lengths, prompt=4, arrival=0.0):
     return [RequestSpec(f"R{i + 1}", arrival, prompt, out, out) for i, out in enumerate(lengths)]
 

@@ -33,7 +33,7 @@ from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
 from sim.workload.request_spec import RequestSpec
-from tests.helpers import FAKE_GPU, FAKE_MODEL
+from tests.helpers import FAKE_GPU, FAKE_MODEL, random_sessions
 
 STEP = 0.25
 LINK = HostLink(
@@ -129,31 +129,6 @@ def test_the_host_pool_is_sized_as_sglang_sizes_it():
     assert host_pool_tokens(1000, 1, 2.0, 1.0, 2**17) == int(1e9 // 2**17)  # hicache_size GB per rank wins
     with pytest.raises(ValueError, match="hicache_ratio 1 gives 1,000 tokens, not more than the GPU pool"):
         host_pool_tokens(1000, 1, 1.0, 0, 2**17)
-
-
-def random_sessions(rng: random.Random) -> list[RequestSpec]:
-    specs, t = [], 0.0
-    for s in range(rng.randint(4, 10)):
-        t += rng.expovariate(2.0)
-        history = [(("system", rng.randrange(2)), rng.choice([0, 64, 200]))]
-        for k in range(rng.randint(1, 4)):
-            history.append((("user", s, k), rng.randint(1, 120)))
-            runs = tuple(r for r in history if r[1] > 0)
-            out = rng.randint(1, 40)
-            specs.append(
-                RequestSpec(
-                    f"s{s}t{k}",
-                    t + 3.0 * k,
-                    sum(n for _, n in runs),
-                    out,
-                    out,
-                    prompt_runs=runs,
-                    output_key=("answer", s, k),
-                )
-            )
-            history.append((("answer", s, k), out))
-    specs.sort(key=lambda x: x.arrival_s)
-    return specs
 
 
 @pytest.mark.parametrize("seed", range(8))

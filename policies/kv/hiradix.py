@@ -210,26 +210,11 @@ class HiRadixCache(RadixCache):
     def match_tiers(self, seq, limit: int) -> tuple[int, HiNode, int, HiNode]:
         """``(device tokens, last device node, host tokens after them, last host node)`` of the longest
         cached prefix of ``seq`` (at most ``limit`` tokens, whole pages); every node walked is touched."""
-        node = self.root
-        now = self._tick()
-        limit = self.floor_page(limit)
-        matched, si, so = 0, 0, 0
+        node, matched = self.root, 0
         device_len, device_node = 0, node
-        while matched + self.page_size <= limit and si < len(seq):
-            child = node.children.get(self._child_key(seq, matched))
-            if child is None:
-                break
-            n = self.floor_page(_shared(child.key, seq, si, so, limit - matched))
-            if n == 0:
-                break
-            if n < child.length:
-                child = self._split(child, n, now)
-            self._touch(child, now)
-            node = child
-            matched += n
-            if child.device:
-                device_len, device_node = matched, child
-            si, so = _advance(seq, si, so, n)
+        for node, matched in self._walk(seq, limit):
+            if node.device:
+                device_len, device_node = matched, node
         return device_len, device_node, matched - device_len, node
 
     def match_prefix(self, seq, limit: int):

@@ -252,26 +252,34 @@ class RadixCache:
 
     def match_prefix(self, seq: list[Segment], limit: int) -> tuple[int, RadixNode]:
         """Longest cached prefix of ``seq`` (at most ``limit`` tokens, whole pages) and its last node."""
+        last = (self.root, 0)
+        if self.enabled:
+            for last in self._walk(seq, limit):  # noqa: B007 (the walk's last node is the match)
+                pass
+        return last[1], last[0]
+
+    def _walk(self, seq: list[Segment], limit: int):
+        """Each node of the longest cached prefix of ``seq`` (at most ``limit`` tokens, whole pages)
+        with the tokens matched through it, splitting the last one at the match's end and touching
+        every node walked: the one walk that plain and hierarchical matches share."""
         node = self.root
-        if not self.enabled:
-            return 0, node
         now = self._tick()
         limit = self.floor_page(limit)
         matched, si, so = 0, 0, 0
         while matched + self.page_size <= limit and si < len(seq):
             child = node.children.get(self._child_key(seq, matched))
             if child is None:
-                break
+                return
             n = self.floor_page(_shared(child.key, seq, si, so, limit - matched))
             if n == 0:
-                break
+                return
             if n < child.length:
                 child = self._split(child, n, now)
             self._touch(child, now)
             node = child
             matched += n
+            yield node, matched
             si, so = _advance(seq, si, so, n)
-        return matched, node
 
     def inc_lock(self, node: RadixNode) -> None:
         while node is not self.root:

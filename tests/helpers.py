@@ -77,6 +77,20 @@ def random_sessions(rng: random.Random) -> list[RequestSpec]:
     return specs
 
 
+def records_for(*reqs: Request) -> dict:
+    """Engine-side records of policy requests driven by hand (no Simulation): each request's
+    record finishes at its ``max_tokens``, so ``emit_caught_up`` can emit their tokens."""
+    from sim.metrics.requests import RequestRecord
+
+    out = {}
+    for r in reqs:
+        rec = RequestRecord(RequestSpec(r.id, 0.0, r.prompt_tokens, r.max_tokens, r.max_tokens))
+        rec.req = r
+        rec.finish_at = r.max_tokens
+        out[r.id] = rec
+    return out
+
+
 def specs_from(lengths, prompt=4, arrival=0.0):
     return [RequestSpec(f"R{i + 1}", arrival, prompt, out, out) for i, out in enumerate(lengths)]
 

@@ -24,12 +24,12 @@ from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.errors import ScenarioError
 from sim.latency.constant import ConstantLatency
-from sim.metrics.requests import RequestRecord, emit_caught_up
+from sim.metrics.requests import emit_caught_up
 from sim.scenario.schema import load_scenario
 from sim.speculative.acceptance import Acceptance
 from sim.workload.request_spec import RequestSpec
 from tests.fuzz_profiles import examples
-from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO, wall_clock_limit
+from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO, records_for, wall_clock_limit
 
 LIMITS = EngineLimits(
     block_size=4, num_gpu_blocks=400, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048
@@ -68,15 +68,6 @@ def spec(i, prompt, out, arrival=0.0, max_tokens=None):
     return RequestSpec(f"R{i}", arrival, prompt, out, max_tokens or out)
 
 
-def _records(*reqs):
-    out = {}
-    for r in reqs:
-        rec = RequestRecord(RequestSpec(r.id, 0.0, r.prompt_tokens, r.max_tokens, r.max_tokens))
-        rec.req = r
-        rec.finish_at = r.max_tokens
-        out[r.id] = rec
-    return out
-
 
 # --- closed forms, each engine ----------------------------------------------------------------------
 @pytest.mark.parametrize("name", ENGINES)
@@ -110,7 +101,7 @@ def test_sglang_verify_batch_is_every_running_request_uncut_by_the_token_budget(
     pol.add_request(b)
     plan = pol.schedule()  # the prefill batch: no drafts
     assert plan.num_new_tokens == [2, 2] and plan.spec_tokens == [0, 0]
-    records = _records(a, b)
+    records = records_for(a, b)
     emit_caught_up(plan.scheduled, records, 0, 1.0)
     pol.finish_step(plan, [])
     plan = pol.schedule()
@@ -136,7 +127,7 @@ def test_sglang_decode_memory_check_asks_for_num_draft_tokens_plus_the_draft_ste
             pol.add_request(r)
         plan = pol.schedule()
         assert plan.num_new_tokens == [10, 10]
-        emit_caught_up(plan.scheduled, _records(a, b), 0, 1.0)
+        emit_caught_up(plan.scheduled, records_for(a, b), 0, 1.0)
         pol.finish_step(plan, [])
         return pol, pol.schedule()
 
@@ -164,7 +155,7 @@ def test_trtllm_a_generation_request_that_overflows_max_num_tokens_stops_the_pas
     pol.add_request(b)
     plan = pol.schedule()
     assert plan.num_new_tokens == [2, 2] and plan.spec_tokens == [0, 0]
-    emit_caught_up(plan.scheduled, _records(a, b), 0, 1.0)
+    emit_caught_up(plan.scheduled, records_for(a, b), 0, 1.0)
     pol.finish_step(plan, [])
     plan = pol.schedule()
     # A: 1 + 3 = 4 tokens; B would make 8 > 6: the micro-batch pass stops (drafts are not cut)

@@ -297,7 +297,7 @@ class RadixCache:
                 self._maybe_leaf(node)
             node = node.parent
 
-    def insert(self, seq: list[Segment], length: int, owned_from: int) -> int:
+    def insert(self, seq: list[Segment], length: int, owned_from: int, chunked: bool = False) -> int:
         """Put the first ``length`` tokens of ``seq`` (floored to whole pages) into the tree.
 
         The caller holds tokens ``[owned_from, length)`` privately (``owned_from`` <= what the
@@ -309,6 +309,7 @@ class RadixCache:
             return 0
         now = self._tick()
         node, done, si, so = self.root, 0, 0, 0
+        revived = 0
         while done < length:
             child = node.children.get(self._child_key(seq, done))
             if child is None:
@@ -318,21 +319,33 @@ class RadixCache:
                 self.tree_size += new.length
                 self.evictable_size += new.length
                 self.inserted_tokens += new.length
+                self._inserted(new, chunked)
                 self._maybe_leaf(new)
+                self._maybe_leaf(node)
                 break
             n = self.floor_page(_shared(child.key, seq, si, so, length - done))
             if n < child.length:
                 child = self._split(child, n, now)
+            revived += self._reached(child, chunked)
             self._touch(child, now)
+            self._maybe_leaf(node)
             node = child
             done += n
             si, so = _advance(seq, si, so, n)
         already = done
         assert already >= owned_from, (already, owned_from)
         self.private -= length - owned_from
-        self.duplicate_tokens += already - owned_from
+        self.duplicate_tokens += already - owned_from - revived
         assert self.private >= 0
-        return already
+        return already - revived
+
+    def _inserted(self, new: RadixNode, chunked: bool) -> None:
+        """A node :meth:`insert` adds (a tier below the GPU may copy it: HiCache)."""
+
+    def _reached(self, node: RadixNode, chunked: bool) -> int:
+        """An existing node :meth:`insert` walks through; the tokens it brings back to the GPU (a
+        node kept only in a tier below it, recomputed: HiCache), 0 here."""
+        return 0
 
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` (when the tree has that many evictable), LRU leaves first."""

@@ -50,6 +50,18 @@ TINY_SCENARIO = {
 }
 
 
+def two_turn_session_specs() -> list[RequestSpec]:
+    """One session of two turns with a flush between them: turn 0 = a 512-token system prompt, a
+    40-token message and an 8-token answer; at 3.0 s a 639-token request takes the GPU cache; turn
+    1 (4.0 s) = the whole history plus 40 tokens, 600 in all. The tier closed forms' workload."""
+    sys, u0, a0, u1 = (("system", 0), 512), (("user", 0, 0), 40), (("answer", 0, 0), 8), (("user", 0, 1), 40)
+    return [
+        RequestSpec("t0", 0.0, 552, 8, 8, prompt_runs=(sys, u0), output_key=("answer", 0, 0)),
+        RequestSpec("flush", 3.0, 639, 1, 1),
+        RequestSpec("t1", 4.0, 600, 4, 4, prompt_runs=(sys, u0, a0, u1), output_key=("answer", 0, 1)),
+    ]
+
+
 def random_sessions(rng: random.Random) -> list[RequestSpec]:
     """4-10 multi-turn sessions (1-4 turns, two system prompts, each turn's prompt the session's
     whole history), drawn from ``rng``: the workload of the tier conservation property tests."""

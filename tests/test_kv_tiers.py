@@ -26,6 +26,7 @@ from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
 from sim.workload.request_spec import RequestSpec
 from tests.helpers import FAKE_GPU, FAKE_MODEL, random_sessions
+from tests.helpers import two_turn_session_specs as session_specs
 
 STEP = 0.25
 BLOCK_BYTES, BPS = 2**20, float(2**26)  # one block: 1/64 s
@@ -44,15 +45,6 @@ def limits(backend: str | None, gpu_blocks: int = 40, cpu_blocks: int = 1000, ex
         max_model_len=4096,
         kv_offload=off,
     )
-
-
-def session_specs() -> list[RequestSpec]:
-    sys, u0, a0, u1 = (("system", 0), 512), (("user", 0, 0), 40), (("answer", 0, 0), 8), (("user", 0, 1), 40)
-    return [
-        RequestSpec("t0", 0.0, 552, 8, 8, prompt_runs=(sys, u0), output_key=("answer", 0, 0)),
-        RequestSpec("flush", 3.0, 639, 1, 1),
-        RequestSpec("t1", 4.0, 600, 4, 4, prompt_runs=(sys, u0, a0, u1), output_key=("answer", 0, 1)),
-    ]
 
 
 def simulate(lim: EngineLimits, specs, fast_forward=True, check=False):

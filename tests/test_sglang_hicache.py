@@ -32,8 +32,8 @@ from policies.kv.hiradix import HiRadixCache, HostLink, host_pool_tokens, layerw
 from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
-from sim.workload.request_spec import RequestSpec
 from tests.helpers import FAKE_GPU, FAKE_MODEL, random_sessions
+from tests.helpers import two_turn_session_specs as session_specs
 
 STEP = 0.25
 LINK = HostLink(
@@ -50,15 +50,6 @@ def limits(gpu_tokens: int = 640) -> EngineLimits:
         max_model_len=4096,
         kv_host_link=LINK,
     )
-
-
-def session_specs() -> list[RequestSpec]:
-    sys, u0, a0, u1 = (("system", 0), 512), (("user", 0, 0), 40), (("answer", 0, 0), 8), (("user", 0, 1), 40)
-    return [
-        RequestSpec("t0", 0.0, 552, 8, 8, prompt_runs=(sys, u0), output_key=("answer", 0, 0)),
-        RequestSpec("flush", 3.0, 639, 1, 1),
-        RequestSpec("t1", 4.0, 600, 4, 4, prompt_runs=(sys, u0, a0, u1), output_key=("answer", 0, 1)),
-    ]
 
 
 def simulate(specs, lim=None, fast_forward=True, check=False, **knobs):

@@ -56,16 +56,22 @@ def spec(i, prompt, out, arrival=0.0, max_tokens=None):
     return RequestSpec(f"R{i}", arrival, prompt, out, max_tokens or out)
 
 
-# --- closed forms ---------------------------------------------------------------------------------
-def test_every_draft_accepted_gives_k_plus_one_tokens_per_step():
-    rec, reqs, steps, _ = run([spec(1, 4, 13), spec(2, 4, 13)], k=3, rate=1.0)
-    # step 1 prefills both (first tokens at t = 1); then 4 tokens per request per step
+def assert_four_tokens_per_step(reqs, steps) -> None:
+    """Two 4-token prompts, 13 tokens each, k = 3 drafts all accepted, 1 s steps: the prefill step,
+    then four tokens per request per step (the verify batch counts 1 + 3 tokens per request)."""
     for times in reqs["token_times_s"]:
         assert list(times) == [1.0] + [2.0] * 4 + [3.0] * 4 + [4.0] * 4
     assert list(steps["batch_tokens"]) == [8, 8, 8, 8]  # 2 prompts of 4; then 2 x (1 + 3 drafts)
     assert list(steps["spec_proposed"]) == [0, 6, 6, 6]
     assert list(steps["spec_accepted"]) == [0, 6, 6, 6]
     assert list(reqs["tpot_s"]) == [3.0 / 12] * 2
+
+
+# --- closed forms ---------------------------------------------------------------------------------
+def test_every_draft_accepted_gives_k_plus_one_tokens_per_step():
+    rec, reqs, steps, _ = run([spec(1, 4, 13), spec(2, 4, 13)], k=3, rate=1.0)
+    # step 1 prefills both (first tokens at t = 1); then 4 tokens per request per step
+    assert_four_tokens_per_step(reqs, steps)
     # ITL: one 1 s gap into each step's burst, then zeros inside it
     gaps = np.concatenate([np.diff(t) for t in reqs["token_times_s"]])
     expected = {

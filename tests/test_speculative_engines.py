@@ -30,6 +30,7 @@ from sim.speculative.acceptance import Acceptance
 from sim.workload.request_spec import RequestSpec
 from tests.fuzz_profiles import examples
 from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO, records_for, wall_clock_limit
+from tests.test_speculative import assert_four_tokens_per_step
 
 LIMITS = EngineLimits(
     block_size=4, num_gpu_blocks=400, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048
@@ -73,12 +74,7 @@ def spec(i, prompt, out, arrival=0.0, max_tokens=None):
 @pytest.mark.parametrize("name", ENGINES)
 def test_every_draft_accepted_gives_four_tokens_per_step(name):
     reqs, steps, _ = run(name, [spec(1, 4, 13), spec(2, 4, 13)], k=3, rate=1.0)
-    for times in reqs["token_times_s"]:
-        assert list(times) == [1.0] + [2.0] * 4 + [3.0] * 4 + [4.0] * 4
-    assert list(steps["batch_tokens"]) == [8, 8, 8, 8]  # 2 prompts of 4; then 2 x (1 + 3 drafts)
-    assert list(steps["spec_proposed"]) == [0, 6, 6, 6]
-    assert list(steps["spec_accepted"]) == [0, 6, 6, 6]
-    assert list(reqs["tpot_s"]) == [3.0 / 12] * 2
+    assert_four_tokens_per_step(reqs, steps)
 
 
 @pytest.mark.parametrize("name", ENGINES)

@@ -50,6 +50,59 @@ TINY_SCENARIO = {
 }
 
 
+def two_turn_session_specs() -> list[RequestSpec]:
+    """One session of two turns with a flush between them: turn 0 = a 512-token system prompt, a
+    40-token message and an 8-token answer; at 3.0 s a 639-token request takes the GPU cache; turn
+    1 (4.0 s) = the whole history plus 40 tokens, 600 in all. The tier closed forms' workload."""
+    sys, u0, a0, u1 = (("system", 0), 512), (("user", 0, 0), 40), (("answer", 0, 0), 8), (("user", 0, 1), 40)
+    return [
+        RequestSpec("t0", 0.0, 552, 8, 8, prompt_runs=(sys, u0), output_key=("answer", 0, 0)),
+        RequestSpec("flush", 3.0, 639, 1, 1),
+        RequestSpec("t1", 4.0, 600, 4, 4, prompt_runs=(sys, u0, a0, u1), output_key=("answer", 0, 1)),
+    ]
+
+
+def random_sessions(rng: random.Random) -> list[RequestSpec]:
+    """4-10 multi-turn sessions (1-4 turns, two system prompts, each turn's prompt the session's
+    whole history), drawn from ``rng``: the workload of the tier conservation property tests."""
+    specs, t = [], 0.0
+    for s in range(rng.randint(4, 10)):
+        t += rng.expovariate(2.0)
+        history = [(("system", rng.randrange(2)), rng.choice([0, 64, 200]))]
+        for k in range(rng.randint(1, 4)):
+            history.append((("user", s, k), rng.randint(1, 120)))
+            runs = tuple(r for r in history if r[1] > 0)
+            out = rng.randint(1, 40)
+            specs.append(
+                RequestSpec(
+                    f"s{s}t{k}",
+                    t + 3.0 * k,
+                    sum(n for _, n in runs),
+                    out,
+                    out,
+                    prompt_runs=runs,
+                    output_key=("answer", s, k),
+                )
+            )
+            history.append((("answer", s, k), out))
+    specs.sort(key=lambda x: x.arrival_s)
+    return specs
+
+
+def records_for(*reqs: Request) -> dict:
+    """Engine-side records of policy requests driven by hand (no Simulation): each request's
+    record finishes at its ``max_tokens``, so ``emit_caught_up`` can emit their tokens."""
+    from sim.metrics.requests import RequestRecord
+
+    out = {}
+    for r in reqs:
+        rec = RequestRecord(RequestSpec(r.id, 0.0, r.prompt_tokens, r.max_tokens, r.max_tokens))
+        rec.req = r
+        rec.finish_at = r.max_tokens
+        out[r.id] = rec
+    return out
+
+
 def specs_from(lengths, prompt=4, arrival=0.0):
     return [RequestSpec(f"R{i + 1}", arrival, prompt, out, out) for i, out in enumerate(lengths)]
 

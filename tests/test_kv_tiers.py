@@ -25,7 +25,8 @@ from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
 from sim.workload.request_spec import RequestSpec
-from tests.helpers import FAKE_GPU, FAKE_MODEL
+from tests.helpers import FAKE_GPU, FAKE_MODEL, random_sessions
+from tests.helpers import two_turn_session_specs as session_specs
 
 STEP = 0.25
 BLOCK_BYTES, BPS = 2**20, float(2**26)  # one block: 1/64 s
@@ -44,15 +45,6 @@ def limits(backend: str | None, gpu_blocks: int = 40, cpu_blocks: int = 1000, ex
         max_model_len=4096,
         kv_offload=off,
     )
-
-
-def session_specs() -> list[RequestSpec]:
-    sys, u0, a0, u1 = (("system", 0), 512), (("user", 0, 0), 40), (("answer", 0, 0), 8), (("user", 0, 1), 40)
-    return [
-        RequestSpec("t0", 0.0, 552, 8, 8, prompt_runs=(sys, u0), output_key=("answer", 0, 0)),
-        RequestSpec("flush", 3.0, 639, 1, 1),
-        RequestSpec("t1", 4.0, 600, 4, 4, prompt_runs=(sys, u0, a0, u1), output_key=("answer", 0, 1)),
-    ]
 
 
 def simulate(lim: EngineLimits, specs, fast_forward=True, check=False):
@@ -128,27 +120,7 @@ def test_every_block_is_in_exactly_one_tier_or_free_with_random_sessions(seed):
     GPU pool's queue, counts and registry agree (each block held or free, exactly once) and each
     lower tier's blocks are each in exactly one tier, within capacity, none lost unaccounted."""
     rng = random.Random(seed)
-    specs, t = [], 0.0
-    for s in range(rng.randint(4, 10)):
-        t += rng.expovariate(2.0)
-        history = [(("system", rng.randrange(2)), rng.choice([0, 64, 200]))]
-        for k in range(rng.randint(1, 4)):
-            history.append((("user", s, k), rng.randint(1, 120)))
-            runs = tuple(r for r in history if r[1] > 0)
-            out = rng.randint(1, 40)
-            specs.append(
-                RequestSpec(
-                    f"s{s}t{k}",
-                    t + 3.0 * k,
-                    sum(n for _, n in runs),
-                    out,
-                    out,
-                    prompt_runs=runs,
-                    output_key=("answer", s, k),
-                )
-            )
-            history.append((("answer", s, k), out))
-    specs.sort(key=lambda x: x.arrival_s)
+    specs = random_sessions(rng)
     backend = rng.choice(["native", "lmcache"])
     lim = limits(
         backend,

@@ -32,8 +32,8 @@ from policies.kv.hiradix import HiRadixCache, HostLink, host_pool_tokens, layerw
 from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.latency.constant import ConstantLatency
-from sim.workload.request_spec import RequestSpec
-from tests.helpers import FAKE_GPU, FAKE_MODEL
+from tests.helpers import FAKE_GPU, FAKE_MODEL, random_sessions
+from tests.helpers import two_turn_session_specs as session_specs
 
 STEP = 0.25
 LINK = HostLink(
@@ -50,15 +50,6 @@ def limits(gpu_tokens: int = 640) -> EngineLimits:
         max_model_len=4096,
         kv_host_link=LINK,
     )
-
-
-def session_specs() -> list[RequestSpec]:
-    sys, u0, a0, u1 = (("system", 0), 512), (("user", 0, 0), 40), (("answer", 0, 0), 8), (("user", 0, 1), 40)
-    return [
-        RequestSpec("t0", 0.0, 552, 8, 8, prompt_runs=(sys, u0), output_key=("answer", 0, 0)),
-        RequestSpec("flush", 3.0, 639, 1, 1),
-        RequestSpec("t1", 4.0, 600, 4, 4, prompt_runs=(sys, u0, a0, u1), output_key=("answer", 0, 1)),
-    ]
 
 
 def simulate(specs, lim=None, fast_forward=True, check=False, **knobs):
@@ -129,31 +120,6 @@ def test_the_host_pool_is_sized_as_sglang_sizes_it():
     assert host_pool_tokens(1000, 1, 2.0, 1.0, 2**17) == int(1e9 // 2**17)  # hicache_size GB per rank wins
     with pytest.raises(ValueError, match="hicache_ratio 1 gives 1,000 tokens, not more than the GPU pool"):
         host_pool_tokens(1000, 1, 1.0, 0, 2**17)
-
-
-def random_sessions(rng: random.Random) -> list[RequestSpec]:
-    specs, t = [], 0.0
-    for s in range(rng.randint(4, 10)):
-        t += rng.expovariate(2.0)
-        history = [(("system", rng.randrange(2)), rng.choice([0, 64, 200]))]
-        for k in range(rng.randint(1, 4)):
-            history.append((("user", s, k), rng.randint(1, 120)))
-            runs = tuple(r for r in history if r[1] > 0)
-            out = rng.randint(1, 40)
-            specs.append(
-                RequestSpec(
-                    f"s{s}t{k}",
-                    t + 3.0 * k,
-                    sum(n for _, n in runs),
-                    out,
-                    out,
-                    prompt_runs=runs,
-                    output_key=("answer", s, k),
-                )
-            )
-            history.append((("answer", s, k), out))
-    specs.sort(key=lambda x: x.arrival_s)
-    return specs
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -32,7 +32,7 @@ from sim.scenario.schema import load_scenario
 from sim.speculative.acceptance import Acceptance, conditional_rates, expected_accepted, geometric_rate
 from sim.speculative.draft_cost import DraftCost, draft_spec
 from sim.workload.request_spec import RequestSpec
-from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO
+from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO, records_for
 
 LIMITS = EngineLimits(
     block_size=4, num_gpu_blocks=400, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048
@@ -56,16 +56,22 @@ def spec(i, prompt, out, arrival=0.0, max_tokens=None):
     return RequestSpec(f"R{i}", arrival, prompt, out, max_tokens or out)
 
 
-# --- closed forms ---------------------------------------------------------------------------------
-def test_every_draft_accepted_gives_k_plus_one_tokens_per_step():
-    rec, reqs, steps, _ = run([spec(1, 4, 13), spec(2, 4, 13)], k=3, rate=1.0)
-    # step 1 prefills both (first tokens at t = 1); then 4 tokens per request per step
+def assert_four_tokens_per_step(reqs, steps) -> None:
+    """Two 4-token prompts, 13 tokens each, k = 3 drafts all accepted, 1 s steps: the prefill step,
+    then four tokens per request per step (the verify batch counts 1 + 3 tokens per request)."""
     for times in reqs["token_times_s"]:
         assert list(times) == [1.0] + [2.0] * 4 + [3.0] * 4 + [4.0] * 4
     assert list(steps["batch_tokens"]) == [8, 8, 8, 8]  # 2 prompts of 4; then 2 x (1 + 3 drafts)
     assert list(steps["spec_proposed"]) == [0, 6, 6, 6]
     assert list(steps["spec_accepted"]) == [0, 6, 6, 6]
     assert list(reqs["tpot_s"]) == [3.0 / 12] * 2
+
+
+# --- closed forms ---------------------------------------------------------------------------------
+def test_every_draft_accepted_gives_k_plus_one_tokens_per_step():
+    rec, reqs, steps, _ = run([spec(1, 4, 13), spec(2, 4, 13)], k=3, rate=1.0)
+    # step 1 prefills both (first tokens at t = 1); then 4 tokens per request per step
+    assert_four_tokens_per_step(reqs, steps)
     # ITL: one 1 s gap into each step's burst, then zeros inside it
     gaps = np.concatenate([np.diff(t) for t in reqs["token_times_s"]])
     expected = {
@@ -106,7 +112,7 @@ def test_the_step_budget_counts_the_drafts():
     pol.add_request(b)
     plan = pol.schedule()
     assert plan.num_new_tokens == [2, 2] and plan.spec_tokens == [0, 0]
-    records = _records(a, b)
+    records = records_for(a, b)
     emit_caught_up(plan.scheduled, records, 0, 1.0)
     pol.finish_step(plan, [])
     plan = pol.schedule()
@@ -138,7 +144,7 @@ def test_lookahead_slots_are_allocated_up_front_and_rejected_tokens_leave_the_st
     pol.add_request(r)
     plan = pol.schedule()  # a new request's prefill: no lookahead (vLLM: effective_lookahead_tokens)
     assert len(pol.kv.blocks_of(r)) == 1
-    records = _records(r)
+    records = records_for(r)
     emit_caught_up(plan.scheduled, records, 0, 1.0)
     pol.finish_step(plan, [])
     plan = pol.schedule()
@@ -379,17 +385,6 @@ def test_summary_reports_acceptance_and_tokens_per_step():
     plain = sim.run({**TINY_SCENARIO}).summaries["vllm-v1"]
     assert plain["speculative"] is None
 
-
-def _records(*reqs):
-    from sim.metrics.requests import RequestRecord
-
-    out = {}
-    for r in reqs:
-        rec = RequestRecord(RequestSpec(r.id, 0.0, r.prompt_tokens, r.max_tokens, r.max_tokens))
-        rec.req = r
-        rec.finish_at = r.max_tokens
-        out[r.id] = rec
-    return out
 
 
 def test_the_sweep_reports_where_speculation_stops_paying():

@@ -24,12 +24,13 @@ from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.errors import ScenarioError
 from sim.latency.constant import ConstantLatency
-from sim.metrics.requests import RequestRecord, emit_caught_up
+from sim.metrics.requests import emit_caught_up
 from sim.scenario.schema import load_scenario
 from sim.speculative.acceptance import Acceptance
 from sim.workload.request_spec import RequestSpec
 from tests.fuzz_profiles import examples
-from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO, wall_clock_limit
+from tests.helpers import FAKE_GPU, FAKE_MODEL, TINY_SCENARIO, records_for, wall_clock_limit
+from tests.test_speculative import assert_four_tokens_per_step
 
 LIMITS = EngineLimits(
     block_size=4, num_gpu_blocks=400, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048
@@ -68,26 +69,12 @@ def spec(i, prompt, out, arrival=0.0, max_tokens=None):
     return RequestSpec(f"R{i}", arrival, prompt, out, max_tokens or out)
 
 
-def _records(*reqs):
-    out = {}
-    for r in reqs:
-        rec = RequestRecord(RequestSpec(r.id, 0.0, r.prompt_tokens, r.max_tokens, r.max_tokens))
-        rec.req = r
-        rec.finish_at = r.max_tokens
-        out[r.id] = rec
-    return out
-
 
 # --- closed forms, each engine ----------------------------------------------------------------------
 @pytest.mark.parametrize("name", ENGINES)
 def test_every_draft_accepted_gives_four_tokens_per_step(name):
     reqs, steps, _ = run(name, [spec(1, 4, 13), spec(2, 4, 13)], k=3, rate=1.0)
-    for times in reqs["token_times_s"]:
-        assert list(times) == [1.0] + [2.0] * 4 + [3.0] * 4 + [4.0] * 4
-    assert list(steps["batch_tokens"]) == [8, 8, 8, 8]  # 2 prompts of 4; then 2 x (1 + 3 drafts)
-    assert list(steps["spec_proposed"]) == [0, 6, 6, 6]
-    assert list(steps["spec_accepted"]) == [0, 6, 6, 6]
-    assert list(reqs["tpot_s"]) == [3.0 / 12] * 2
+    assert_four_tokens_per_step(reqs, steps)
 
 
 @pytest.mark.parametrize("name", ENGINES)
@@ -110,7 +97,7 @@ def test_sglang_verify_batch_is_every_running_request_uncut_by_the_token_budget(
     pol.add_request(b)
     plan = pol.schedule()  # the prefill batch: no drafts
     assert plan.num_new_tokens == [2, 2] and plan.spec_tokens == [0, 0]
-    records = _records(a, b)
+    records = records_for(a, b)
     emit_caught_up(plan.scheduled, records, 0, 1.0)
     pol.finish_step(plan, [])
     plan = pol.schedule()
@@ -136,7 +123,7 @@ def test_sglang_decode_memory_check_asks_for_num_draft_tokens_plus_the_draft_ste
             pol.add_request(r)
         plan = pol.schedule()
         assert plan.num_new_tokens == [10, 10]
-        emit_caught_up(plan.scheduled, _records(a, b), 0, 1.0)
+        emit_caught_up(plan.scheduled, records_for(a, b), 0, 1.0)
         pol.finish_step(plan, [])
         return pol, pol.schedule()
 
@@ -164,7 +151,7 @@ def test_trtllm_a_generation_request_that_overflows_max_num_tokens_stops_the_pas
     pol.add_request(b)
     plan = pol.schedule()
     assert plan.num_new_tokens == [2, 2] and plan.spec_tokens == [0, 0]
-    emit_caught_up(plan.scheduled, _records(a, b), 0, 1.0)
+    emit_caught_up(plan.scheduled, records_for(a, b), 0, 1.0)
     pol.finish_step(plan, [])
     plan = pol.schedule()
     # A: 1 + 3 = 4 tokens; B would make 8 > 6: the micro-batch pass stops (drafts are not cut)

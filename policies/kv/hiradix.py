@@ -49,7 +49,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from policies.kv.radix import RadixCache, RadixNode, _advance, _shared, _slice
+from policies.kv.radix import RadixCache, RadixNode
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 LOAD_BACK_THRESHOLD = 10  # tokens: smaller host hits are recomputed (HiRadixCache.load_back_threshold)
@@ -210,26 +210,11 @@ class HiRadixCache(RadixCache):
     def match_tiers(self, seq, limit: int) -> tuple[int, HiNode, int, HiNode]:
         """``(device tokens, last device node, host tokens after them, last host node)`` of the longest
         cached prefix of ``seq`` (at most ``limit`` tokens, whole pages); every node walked is touched."""
-        node = self.root
-        now = self._tick()
-        limit = self.floor_page(limit)
-        matched, si, so = 0, 0, 0
+        node, matched = self.root, 0
         device_len, device_node = 0, node
-        while matched + self.page_size <= limit and si < len(seq):
-            child = node.children.get(self._child_key(seq, matched))
-            if child is None:
-                break
-            n = self.floor_page(_shared(child.key, seq, si, so, limit - matched))
-            if n == 0:
-                break
-            if n < child.length:
-                child = self._split(child, n, now)
-            self._touch(child, now)
-            node = child
-            matched += n
-            if child.device:
-                device_len, device_node = matched, child
-            si, so = _advance(seq, si, so, n)
+        for node, matched in self._walk(seq, limit):
+            if node.device:
+                device_len, device_node = matched, node
         return device_len, device_node, matched - device_len, node
 
     def match_prefix(self, seq, limit: int):
@@ -288,48 +273,18 @@ class HiRadixCache(RadixCache):
         self.written_tokens += n
         return True
 
-    def insert(self, seq, length: int, owned_from: int, chunked: bool = False) -> int:
-        length = self.floor_page(length)
-        if length <= 0:
+    def _inserted(self, new: HiNode, chunked: bool) -> None:
+        if self.write_policy != "write_back":
+            self._hit(new, chunked)
+
+    def _reached(self, node: HiNode, chunked: bool) -> int:
+        if node.device:
+            self._hit(node, chunked)
             return 0
-        now = self._tick()
-        node, done, si, so = self.root, 0, 0, 0
-        revived = 0
-        while done < length:
-            child = node.children.get(self._child_key(seq, done))
-            if child is None:
-                new = self._new_node(_slice(seq, done, length), length - done, node)
-                new.last_access = now
-                node.children[self._child_key(new.key)] = new
-                self.tree_size += new.length
-                self.evictable_size += new.length
-                self.inserted_tokens += new.length
-                if self.write_policy != "write_back":
-                    self._hit(new, chunked)
-                self._maybe_leaf(new)
-                self._maybe_leaf(node)
-                break
-            n = self.floor_page(_shared(child.key, seq, si, so, length - done))
-            if n < child.length:
-                child = self._split(child, n, now)
-            if child.device:
-                self._hit(child, chunked)
-            else:  # recomputed while only on the host: its GPU copy is back
-                child.device = True
-                self.tree_size += child.length
-                self.evictable_size += child.length
-                revived += child.length
-            self._touch(child, now)
-            self._maybe_leaf(node)
-            node = child
-            done += n
-            si, so = _advance(seq, si, so, n)
-        already = done
-        assert already >= owned_from, (already, owned_from)
-        self.private -= length - owned_from
-        self.duplicate_tokens += already - owned_from - revived
-        assert self.private >= 0
-        return already - revived
+        node.device = True  # recomputed while only on the host: its GPU copy is back
+        self.tree_size += node.length
+        self.evictable_size += node.length
+        return node.length
 
     # --- eviction --------------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:

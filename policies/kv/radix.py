@@ -252,26 +252,34 @@ class RadixCache:
 
     def match_prefix(self, seq: list[Segment], limit: int) -> tuple[int, RadixNode]:
         """Longest cached prefix of ``seq`` (at most ``limit`` tokens, whole pages) and its last node."""
+        last = (self.root, 0)
+        if self.enabled:
+            for last in self._walk(seq, limit):  # noqa: B007 (the walk's last node is the match)
+                pass
+        return last[1], last[0]
+
+    def _walk(self, seq: list[Segment], limit: int):
+        """Each node of the longest cached prefix of ``seq`` (at most ``limit`` tokens, whole pages)
+        with the tokens matched through it, splitting the last one at the match's end and touching
+        every node walked: the one walk that plain and hierarchical matches share."""
         node = self.root
-        if not self.enabled:
-            return 0, node
         now = self._tick()
         limit = self.floor_page(limit)
         matched, si, so = 0, 0, 0
         while matched + self.page_size <= limit and si < len(seq):
             child = node.children.get(self._child_key(seq, matched))
             if child is None:
-                break
+                return
             n = self.floor_page(_shared(child.key, seq, si, so, limit - matched))
             if n == 0:
-                break
+                return
             if n < child.length:
                 child = self._split(child, n, now)
             self._touch(child, now)
             node = child
             matched += n
+            yield node, matched
             si, so = _advance(seq, si, so, n)
-        return matched, node
 
     def inc_lock(self, node: RadixNode) -> None:
         while node is not self.root:
@@ -289,7 +297,7 @@ class RadixCache:
                 self._maybe_leaf(node)
             node = node.parent
 
-    def insert(self, seq: list[Segment], length: int, owned_from: int) -> int:
+    def insert(self, seq: list[Segment], length: int, owned_from: int, chunked: bool = False) -> int:
         """Put the first ``length`` tokens of ``seq`` (floored to whole pages) into the tree.
 
         The caller holds tokens ``[owned_from, length)`` privately (``owned_from`` <= what the
@@ -301,6 +309,7 @@ class RadixCache:
             return 0
         now = self._tick()
         node, done, si, so = self.root, 0, 0, 0
+        revived = 0
         while done < length:
             child = node.children.get(self._child_key(seq, done))
             if child is None:
@@ -310,21 +319,33 @@ class RadixCache:
                 self.tree_size += new.length
                 self.evictable_size += new.length
                 self.inserted_tokens += new.length
+                self._inserted(new, chunked)
                 self._maybe_leaf(new)
+                self._maybe_leaf(node)
                 break
             n = self.floor_page(_shared(child.key, seq, si, so, length - done))
             if n < child.length:
                 child = self._split(child, n, now)
+            revived += self._reached(child, chunked)
             self._touch(child, now)
+            self._maybe_leaf(node)
             node = child
             done += n
             si, so = _advance(seq, si, so, n)
         already = done
         assert already >= owned_from, (already, owned_from)
         self.private -= length - owned_from
-        self.duplicate_tokens += already - owned_from
+        self.duplicate_tokens += already - owned_from - revived
         assert self.private >= 0
-        return already
+        return already - revived
+
+    def _inserted(self, new: RadixNode, chunked: bool) -> None:
+        """A node :meth:`insert` adds (a tier below the GPU may copy it: HiCache)."""
+
+    def _reached(self, node: RadixNode, chunked: bool) -> int:
+        """An existing node :meth:`insert` walks through; the tokens it brings back to the GPU (a
+        node kept only in a tier below it, recomputed: HiCache), 0 here."""
+        return 0
 
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` (when the tree has that many evictable), LRU leaves first."""

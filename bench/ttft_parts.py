@@ -23,6 +23,11 @@ The other clients' decodes are priced at the mean context of uniform phases (``I
 context (tests/test_ttft_parts.py checks it against the simulation).
 
     .venv/bin/python bench/ttft_parts.py --only h200_sxm_vllm --only llama_3_1_70b --only _c4_
+    .venv/bin/python bench/ttft_parts.py --gemm-ratio h100_sxm h200_sxm
+
+``--gemm-ratio SLOW FAST`` prints the database's own FP8 GEMM latencies of two GPUs against each
+other instead (:func:`gemm_ratio`): the corpus' H100 and H200 prefills are equally fast, the
+database's H200 GEMMs are not.
 """
 
 from __future__ import annotations
@@ -121,6 +126,48 @@ def row_parts(row, table: str) -> Parts:
     )
 
 
+# the FP8 GEMMs of a Llama-3.1-70B layer at TP 1 (N, K): QKV, attention output, gate+up, down
+LLAMA70B_GEMMS = ((10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))
+
+
+def gemm_ratio(slow: str, fast: str, engine: str = "vllm") -> dict:
+    """The database's per-tensor FP8 GEMM latencies of GPU ``slow`` over GPU ``fast`` (AIConfigurator
+    system names, e.g. h100_sxm and h200_sxm), on the shapes both measured: per Llama-3.1-70B shape
+    at M = 1,024-8,192 and over every shape at M >= 1,024 (median, p10, p90). Why: prefill is
+    compute-bound, and the H100 and H200 SXM have the same GH100 compute, yet the corpus' H200
+    prefills are no faster than its H100 ones (docs/accuracy-corpus.md)."""
+    from importlib.resources import files
+
+    import pandas as pd
+
+    data = files("aiconfigurator_core") / "systems" / "data"
+
+    def frame(system: str):
+        folder = Path(str(data / system / "gemm" / engine))
+        versions = sorted(p for p in folder.iterdir() if (p / "gemm_perf.parquet").is_file())
+        d = pd.read_parquet(versions[-1] / "gemm_perf.parquet")
+        return d[d["gemm_dtype"] == "fp8"], versions[-1].name
+
+    a, va = frame(slow)
+    b, vb = frame(fast)
+    j = a.merge(b, on=["m", "n", "k"], suffixes=("_a", "_b"))
+    j = j.assign(ratio=j["latency_a"] / j["latency_b"])
+    shapes = {}
+    for n, k in LLAMA70B_GEMMS:
+        s = j[(j.n == n) & (j.k == k) & j.m.isin([1024, 2048, 4096, 8192])].sort_values("m")
+        if len(s):
+            shapes[f"N {n} K {k}"] = {int(m): round(float(r), 3) for m, r in zip(s.m, s.ratio)}
+    big = j[j.m >= 1024]["ratio"]
+    return {
+        "versions": (va, vb),
+        "shapes": shapes,
+        "rows": int(len(big)),
+        "median": float(big.median()),
+        "p10": float(big.quantile(0.1)),
+        "p90": float(big.quantile(0.9)),
+    }
+
+
 def main(argv=None) -> int:
     import bench.silicon_accuracy as sa
 
@@ -128,7 +175,25 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this"
     )
+    ap.add_argument(
+        "--gemm-ratio",
+        nargs=2,
+        metavar=("SLOW", "FAST"),
+        default=None,
+        help="print the database's FP8 GEMM latency ratio of two systems (h100_sxm h200_sxm) and stop",
+    )
     args = ap.parse_args(argv)
+    if args.gemm_ratio:
+        r = gemm_ratio(*args.gemm_ratio)
+        slow, fast = args.gemm_ratio
+        print(f"FP8 GEMM latency {slow} / {fast} (vllm {r['versions'][0]} / {r['versions'][1]})")
+        for shape, by_m in r["shapes"].items():
+            print(f"  Llama-3.1-70B {shape:16s} " + "  ".join(f"M {m}: {v:.3f}" for m, v in by_m.items()))
+        print(
+            f"  every shape at M >= 1024 ({r['rows']} rows): median {r['median']:.3f}, p10 {r['p10']:.3f}, "
+            f"p90 {r['p90']:.3f}"
+        )
+        return 0
     rows = sa.select(sa.read_rows(), args.only)
     sa.classify(rows)
     priced = sorted((r for r in rows if not r.skip), key=lambda r: (r.system, r.isl, r.tp, r.concurrency))

@@ -45,7 +45,9 @@ def test_equals_the_definition_on_workloads_whose_keys_collide():
                 keys = [("req", f"r{rng.randint(0, 5)}"), ("out", f"r{rng.randint(0, 5)}"), ("group", 1)]
                 runs = tuple((rng.choice(keys), rng.choice([0, 2, 3])) for _ in range(rng.randint(0, 3)))
             if rng.random() < 0.3:
-                out = rng.choice([("req", f"r{rng.randint(0, 5)}"), ("out", f"r{rng.randint(0, 5)}"), ("o", 1)])
+                out = rng.choice(
+                    [("req", f"r{rng.randint(0, 5)}"), ("out", f"r{rng.randint(0, 5)}"), ("o", 1)]
+                )
             specs.append(RequestSpec(rid, 0.0, rng.choice([0, 1, 5]), 1, 1, 0, runs, out))
         got = shareable_tokens(specs)
         assert got == _by_definition(specs), specs

@@ -52,8 +52,9 @@ def test_a_count_past_int32_widens_the_replica_and_keeps_every_row():
     _row(steps, 1.0, 2**31 + 5)  # does not fit in 4 bytes: this row again, 8-byte columns
     k = 3
     times = np.array([2.0, 2.5, 3.0, 3.5])
-    steps.extend_decodes(times, np.full(k, 0.5), 4, 0, 4, [8] * k, 0, [2**33] * k, [9] * k,
-                         np.full(k, 50.0), np.full(k, 60.0))
+    steps.extend_decodes(
+        times, np.full(k, 0.5), 4, 0, 4, [8] * k, 0, [2**33] * k, [9] * k, np.full(k, 50.0), np.full(k, 60.0)
+    )
     assert len(steps) == 5 and all(len(c) == 5 for c in steps.columns.values())
     frame = merge_steps_frame([steps])
     assert frame["kv_reserved_tokens"].dtype == np.int64

@@ -143,6 +143,7 @@ class Replica:
             self.on_progress(1)
         if self.on_end is not None:
             self.on_end(rec)
+        self.recorder.ended(rec)  # a compact recorder writes its row and lets the record go
 
     def loop(self):
         env, policy, records = self.env, self.policy, self.records
@@ -519,16 +520,20 @@ class Simulation:
                  on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
                  horizon_reason: str = HORIZON_REACHED, clients: SendPlan | ClosedLoop | None = None,
                  drain_s: float | None = None, cap_reason: Callable[[float], str] | None = None,
-                 acceptance=None, lockstep: int = 1):
+                 acceptance=None, lockstep: int = 1, compact: bool = False, release_specs: bool = False):
         """``clients``: closed-loop clients and sessions send the specs during the run instead of
         at their arrival times (:mod:`sim.clients`); without ``horizon_s`` time then stops ``drain_s``
         after the last send at the latest (the requests left get ``cap_reason(cap)``). ``acceptance``:
         the draws of accepted draft tokens when the policies speculate (:mod:`sim.speculative.acceptance`).
         ``lockstep`` > 1: consecutive groups of that many replicas are the data-parallel ranks of
-        one MoE engine, stepping together (:mod:`sim.lockstep`)."""
+        one MoE engine, stepping together (:mod:`sim.lockstep`). ``compact``: each request's record
+        is written to the recorder's table when it ends and let go (open loops only: clients read
+        the records); ``release_specs``: so is its entry of ``specs`` (the caller's list, which it
+        is done with: :func:`sim.runner.run_policy`'s ``release``)."""
         self.env = simpy.Environment()
         self.specs = specs
-        self.recorder = Recorder()
+        compact = compact and clients is None
+        self.recorder = Recorder(compact, specs if compact and release_specs and isinstance(specs, list) else None)
         self.horizon_s = horizon_s
         self.horizon_reason = horizon_reason  # why requests still held at horizon_s are unfinished
         self.cap_reason = cap_reason
@@ -539,7 +544,7 @@ class Simulation:
         self.records = [RequestRecord(s) for s in specs]
         for rec, own in zip(self.records, shareable_tokens(specs)):
             rec.shareable = own
-            self.recorder.add_request(rec)
+        self.recorder.add_requests(self.records)  # the same list: a compact recorder empties its slots
         self.clients = None
         if clients is not None:
             from sim.clients import ClientClock, Clients, stamp_record

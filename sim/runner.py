@@ -122,7 +122,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
                      horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
                      clients=send_plan(scn, specs), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason,
                      acceptance=speculation.acceptance if speculation is not None else None,
-                     lockstep=dep.lockstep)
+                     lockstep=dep.lockstep, compact=True, release_specs=release)
     recorder = sim.run()
     if end_s is None:  # closed loop: where the moving cap stopped it, if it did
         end_s = sim.end_s

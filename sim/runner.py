@@ -80,7 +80,7 @@ def backlog(requests: pd.DataFrame, end_s: float | None) -> dict:
     """What was left when simulated time stopped: requests that had arrived and never started
     (``queued``), had started and not finished (``running``: running, preempted or swapped), or
     had not arrived yet (``not_arrived``, only with a horizon before the last arrival)."""
-    left = requests[requests["state"] == "unfinished"]
+    left = requests.loc[requests["state"] == "unfinished", ["arrival_s", "admitted_s"]]  # not every column
     arrived = left["arrival_s"] < end_s if end_s is not None else left["arrival_s"] == left["arrival_s"]
     started = left["admitted_s"].notna()
     return {

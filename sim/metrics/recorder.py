@@ -121,7 +121,7 @@ class Recorder:
         before the run starts)."""
         table = self._table
         if table is None:
-            table = self._table = RequestTable(len(self.records))
+            table = self._table = RequestTable(len(self.records), [r.spec.id for r in self.records])
         elif len(self.records) > table.n:
             raise RuntimeError("requests were added to a compact recorder after one had ended")
         return table
@@ -130,7 +130,7 @@ class Recorder:
         """The table with every record still held written in: the compact recorder's own (with the
         records left at the end), else a fresh one of every record (no frame shares a buffer with
         another, or changes when the records do)."""
-        table = self._rows() if self.compact else RequestTable(len(self.records))
+        table = self._rows() if self.compact else RequestTable(len(self.records), [r.spec.id for r in self.records])
         for rec in self.records:
             if rec is not None:
                 table.write(rec.index, rec)

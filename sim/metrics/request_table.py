@@ -18,6 +18,7 @@ the closed runs in a dict. :meth:`RequestTable.token_run_arrays` lays them out e
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 STATES = ("unfinished", "finished", "rejected")  # a request's end state, by code
 _CODE = {s: i for i, s in enumerate(STATES)}
@@ -30,7 +31,9 @@ _FLOAT_FIELDS = ("arrival_s", "admitted_s", "first_token_s", "finish_s", "kv_loa
 class RequestTable:
     """``n`` requests' figures, row ``i`` for the ``i``-th request added to the recorder."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, ids: list) -> None:
+        """``ids``: every request's id, in row order, taken when the table is made (while every
+        record is still held)."""
         self.n = n
         # np.empty: pages become resident as rows are written (every row is, before any frame)
         self.ints = {f: np.empty(n, dtype=np.int64) for f in _INT_FIELDS}
@@ -38,7 +41,9 @@ class RequestTable:
         self.state = np.empty(n, dtype=np.uint8)
         self.refused = np.empty(n, dtype=bool)
         self.opened = np.empty(n, dtype=bool)  # handed to a replica (its token runs index its steps)
-        self.ids: list = [None] * n
+        # the frame's id column as pandas infers it from the list, but built now: the ids' str
+        # objects then go with their specs (kept, they would hold the specs' memory pages too)
+        self.ids = pd.array(ids, dtype="str") if all(type(i) is str for i in ids) else ids
         self.reasons: list = [None] * n
         self.closed_runs: dict[int, list[tuple[int, int]]] = {}  # broken runs: (first step, tokens)
         # bound setters of the hot write (one request at its end)
@@ -65,7 +70,6 @@ class RequestTable:
         self.state[i] = _CODE[rec.state]
         self.refused[i] = rec.refused
         self.opened[i] = rec.steps is not None
-        self.ids[i] = s.id
         self.reasons[i] = rec.reason
         if rec.runs:
             self.closed_runs[i] = list(rec.runs)

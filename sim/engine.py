@@ -534,6 +534,7 @@ class Simulation:
         self.specs = specs
         compact = compact and clients is None
         self.recorder = Recorder(compact, specs if compact and release_specs and isinstance(specs, list) else None)
+        self.compact = compact
         self.horizon_s = horizon_s
         self.horizon_reason = horizon_reason  # why requests still held at horizon_s are unfinished
         self.cap_reason = cap_reason
@@ -541,10 +542,15 @@ class Simulation:
         if fast_forward is None:
             fast_forward = fast_forward_default()
         self.fast_forward = fast_forward
-        self.records = [RequestRecord(s) for s in specs]
-        for rec, own in zip(self.records, shareable_tokens(specs)):
-            rec.shareable = own
-        self.recorder.add_requests(self.records)  # the same list: a compact recorder empties its slots
+        if compact:  # each record made as its request arrives (arrivals()), let go when it ends
+            self.records = [None] * len(specs)
+            self._own = shareable_tokens(specs)
+            self.recorder.expect(specs, self.records)
+        else:
+            self.records = [RequestRecord(s) for s in specs]
+            for rec, own in zip(self.records, shareable_tokens(specs)):
+                rec.shareable = own
+            self.recorder.add_requests(self.records)
         self.clients = None
         if clients is not None:
             from sim.clients import ClientClock, Clients, stamp_record
@@ -574,8 +580,19 @@ class Simulation:
             self.env.process(self.arrivals())
 
     def arrivals(self):
-        yield from arrivals_on_the_clock(self.env, self, self.records, self._route)
+        yield from arrivals_on_the_clock(self.env, self, self._arriving() if self.compact else self.records,
+                                         self._route)
         self._arrivals_over()
+
+    def _arriving(self):
+        """The records of a compact run, each made when the arrivals reach its spec."""
+        records, own = self.records, self._own
+        for i, spec in enumerate(self.specs):
+            rec = RequestRecord(spec)
+            rec.shareable = own[i]
+            rec.index = i
+            records[i] = rec
+            yield rec
 
     def _arrivals_over(self) -> None:
         for rep in getattr(self, "replicas", ()):  # closed loop with no requests: before the replicas exist
@@ -590,6 +607,8 @@ class Simulation:
             self.env.run(until=self.horizon_s)
         else:
             self.env.run()
+        if self.compact:  # the requests that never arrived get their records now, to be explained
+            self.recorder.open_the_rest(self._own)
         stop = self.clients.stopped_at if self.clients is not None else None
         if stop is not None:  # the closed loop's moving time cap (sim.clients)
             reason = self.cap_reason(stop) if self.cap_reason is not None else self.horizon_reason

@@ -85,6 +85,7 @@ class Recorder:
         self.token_times_limit = token_times_limit()
         self.compact = compact
         self._specs = specs
+        self._source = None  # a compact run's workload (expect)
         self._table: RequestTable | None = None
 
     def replica_steps(self, replica: int) -> ReplicaSteps:
@@ -106,6 +107,26 @@ class Recorder:
         for i, rec in enumerate(records):
             rec.index = i
         self.records = records
+
+    def expect(self, specs, records: list) -> None:
+        """A compact run of ``specs``: ``records`` (all None) gets each request's record as it
+        arrives; the table is made now, with the ids."""
+        self.records = records
+        ids = specs.ids() if hasattr(specs, "ids") else [s.id for s in specs]
+        self._table = RequestTable(len(records), ids)
+        self._source = specs
+
+    def open_the_rest(self, shareable) -> None:
+        """At the end of a compact run: a record for every request that never arrived (its row
+        not written, its slot empty), so the run's end can say why it is unfinished."""
+        table, records = self._table, self.records
+        missing = np.flatnonzero(~table.written).tolist()
+        for i in missing:
+            if records[i] is None:
+                rec = RequestRecord(self._source[i])
+                rec.shareable = shareable[i]
+                rec.index = i
+                records[i] = rec
 
     def ended(self, rec: RequestRecord) -> None:
         """A request has ended: with ``compact``, its row is written and its record let go."""

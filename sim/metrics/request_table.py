@@ -22,9 +22,25 @@ import pandas as pd
 
 STATES = ("unfinished", "finished", "rejected")  # a request's end state, by code
 _CODE = {s: i for i, s in enumerate(STATES)}
-_INT_FIELDS = ("replica", "prompt_tokens", "output_tokens", "max_tokens", "generated", "preemptions", "swaps",
-               "client", "session", "turn", "spec_steps", "spec_proposed", "spec_accepted", "prefix_hit_tokens",
-               "tier_hit_tokens", "run_step", "run_tok")
+_INT_FIELDS = (
+    "replica",
+    "prompt_tokens",
+    "output_tokens",
+    "max_tokens",
+    "generated",
+    "preemptions",
+    "swaps",
+    "client",
+    "session",
+    "turn",
+    "spec_steps",
+    "spec_proposed",
+    "spec_accepted",
+    "prefix_hit_tokens",
+    "tier_hit_tokens",
+    "run_step",
+    "run_tok",
+)
 _FLOAT_FIELDS = ("arrival_s", "admitted_s", "first_token_s", "finish_s", "kv_load_s")
 
 
@@ -41,6 +57,7 @@ class RequestTable:
         self.state = np.empty(n, dtype=np.uint8)
         self.refused = np.empty(n, dtype=bool)
         self.opened = np.empty(n, dtype=bool)  # handed to a replica (its token runs index its steps)
+        self.written = np.zeros(n, dtype=bool)
         # the frame's id column as pandas infers it from the list, but built now: the ids' str
         # objects then go with their specs (kept, they would hold the specs' memory pages too)
         self.ids = pd.array(ids, dtype="str") if all(type(i) is str for i in ids) else ids
@@ -59,14 +76,32 @@ class RequestTable:
             generated, preemptions, swaps = req.num_output_tokens, req.num_preemptions, req.num_swaps
         else:
             generated, preemptions, swaps = rec._generated, rec._preemptions, rec._swaps
-        values = (rec.replica, s.prompt_tokens, s.output_tokens, s.max_tokens, generated, preemptions, swaps,
-                  s.client, s.session, s.turn, rec.spec_steps, rec.spec_proposed, rec.spec_accepted,
-                  rec.prefix_hit_tokens, rec.tier_hit_tokens, rec.run_step, rec.run_tok)
+        values = (
+            rec.replica,
+            s.prompt_tokens,
+            s.output_tokens,
+            s.max_tokens,
+            generated,
+            preemptions,
+            swaps,
+            s.client,
+            s.session,
+            s.turn,
+            rec.spec_steps,
+            rec.spec_proposed,
+            rec.spec_accepted,
+            rec.prefix_hit_tokens,
+            rec.tier_hit_tokens,
+            rec.run_step,
+            rec.run_tok,
+        )
         for setter, v in zip(self._set_ints, values):
             setter(i, v)
-        for setter, v in zip(self._set_floats, (s.arrival_s, rec.admitted_s, rec.first_token_s, rec.finish_s,
-                                                 rec.kv_load_s)):
+        for setter, v in zip(
+            self._set_floats, (s.arrival_s, rec.admitted_s, rec.first_token_s, rec.finish_s, rec.kv_load_s)
+        ):
             setter(i, v)
+        self.written[i] = True
         self.state[i] = _CODE[rec.state]
         self.refused[i] = rec.refused
         self.opened[i] = rec.steps is not None

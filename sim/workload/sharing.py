@@ -36,6 +36,8 @@ def shareable_tokens(specs: Sequence[RequestSpec]) -> list[int | None]:
     those keys are not built (a million requests would make two million tuples and a Counter of
     them, the largest allocation of a long run's start): they are counted from the ids, one per
     request holding them implicitly, plus the requests whose explicit keys name them."""
+    if getattr(specs, "all_own", False):  # sim.workload.spec_columns: own content, distinct ids
+        return [0] * len(specs)
     counted: Counter = Counter()  # explicit runs' and output keys, once per request holding them
     req_ids, out_ids = [], []  # requests holding ("req", id) / ("out", id) implicitly
     for s in specs:

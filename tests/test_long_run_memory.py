@@ -114,3 +114,16 @@ def test_a_compact_run_holds_only_the_requests_it_has_not_ended(monkeypatch):
     gc.collect()
     live = sum(type(o) is RequestRecord for o in gc.get_objects()) - before
     assert live == int((frame["state"] == "unfinished").sum()) == sum(r is not None for r in rec.records)
+
+
+def test_request_counts_are_int32_and_a_value_past_it_widens_its_column():
+    from sim.metrics.recorder import Recorder
+    from sim.workload.request_spec import RequestSpec
+
+    rec = Recorder()
+    for spec in (RequestSpec("a", 0.0, 5, 3, 7), RequestSpec("b", 1.0, 6, 4, 2**40)):
+        rec.add_request(RequestRecord(spec))
+    frame = rec.requests_frame()
+    assert frame["max_tokens"].dtype == np.int64 and frame["max_tokens"].tolist() == [7, 2**40]
+    assert frame["prompt_tokens"].dtype == np.int32 and frame["prompt_tokens"].tolist() == [5, 6]
+    assert frame["arrival_s"].dtype == np.float64 and frame["id"].tolist() == ["a", "b"]

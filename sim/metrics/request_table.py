@@ -52,7 +52,7 @@ class RequestTable:
         record is still held)."""
         self.n = n
         # np.empty: pages become resident as rows are written (every row is, before any frame)
-        self.ints = {f: np.empty(n, dtype=np.int64) for f in _INT_FIELDS}
+        self.ints = {f: np.empty(n, dtype=np.int32) for f in _INT_FIELDS}
         self.floats = {f: np.empty(n, dtype=np.float64) for f in _FLOAT_FIELDS}
         self.state = np.empty(n, dtype=np.uint8)
         self.refused = np.empty(n, dtype=bool)
@@ -95,8 +95,13 @@ class RequestTable:
             rec.run_step,
             rec.run_tok,
         )
-        for setter, v in zip(self._set_ints, values):
-            setter(i, v)
+        try:
+            for setter, v in zip(self._set_ints, values):
+                setter(i, v)
+        except OverflowError:  # a count past 2**31 (a huge max_tokens): that column in 8 bytes
+            self._widen(values)
+            for setter, v in zip(self._set_ints, values):
+                setter(i, v)
         for setter, v in zip(
             self._set_floats, (s.arrival_s, rec.admitted_s, rec.first_token_s, rec.finish_s, rec.kv_load_s)
         ):
@@ -111,6 +116,14 @@ class RequestTable:
         else:
             self.closed_runs.pop(i, None)
 
+    def _widen(self, values) -> None:
+        for f, v in zip(_INT_FIELDS, values):
+            col = self.ints[f]
+            if col.dtype == np.int32 and not -(2**31) <= v < 2**31:
+                self.ints[f] = col.astype(np.int64)
+        ints = self.ints
+        self._set_ints = tuple(ints[f].__setitem__ for f in _INT_FIELDS)
+
     def state_names(self) -> list[str]:
         return [STATES[c] for c in self.state.tolist()]
 
@@ -120,7 +133,7 @@ class RequestTable:
         (``offsets``: where each replica's steps start), as the records' version does."""
         ints = self.ints
         rows = np.arange(self.n) if rows is None else rows
-        gen = ints["generated"][rows]
+        gen = ints["generated"][rows].astype(np.int64)
         last = gen - ints["run_tok"][rows]
         has_last = last > 0
         base = np.zeros(len(rows), dtype=np.int64)
@@ -140,7 +153,7 @@ class RequestTable:
         starts = np.empty(total, dtype=np.int64)
         lengths = np.empty(total, dtype=np.int64)
         at = (first + n_closed)[has_last]
-        starts[at] = (base + ints["run_step"][rows])[has_last]
+        starts[at] = (base + ints["run_step"][rows].astype(np.int64))[has_last]
         lengths[at] = last[has_last]
         for j, runs in where.items():
             b, f = int(base[j]), int(first[j])

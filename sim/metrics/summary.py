@@ -147,6 +147,8 @@ def weighted_mean(values: pd.Series, weights: pd.Series) -> float | None:
     w = weights.to_numpy(dtype=float)
     v = values.to_numpy(dtype=float)
     mask = ~np.isnan(v)
+    if mask.all():  # no value missing: the arrays themselves (a selection copies every step's)
+        return float(np.average(v, weights=w)) if len(v) and w.sum() > 0 else None
     if not mask.any() or w[mask].sum() <= 0:
         return None
     return float(np.average(v[mask], weights=w[mask]))

@@ -97,6 +97,23 @@ SEND_GAP_MS = 1.0
 # * ``warm``: the ``wave`` run without the opening wave -- still waves (the loop keeps them).
 PHASES = ("random", "spread", "wave", "warm")
 PHASE = "random"
+# Which all-reduce kernel a row's table prices (calib/sources/kernel_db_comm.py). AIConfigurator prices
+# its custom rows; TensorRT-LLM falls back to NCCL when its topology check fails
+# (cpp/tensorrt_llm/thop/allreduceOp.cpp, ifFallbackToNCCL). The corpus' TensorRT-LLM 1.0.0rc3
+# collection (H100: Qwen3-32B and Llama-3.1-8B, TP 1-8) measures decode steps whose excess over the
+# custom-kernel tables grows with the TP degree as NCCL's rows do, on both models: chosen on either
+# one, NCCL also cuts the other's TP 2-8 TPOT error (docs/trtllm.md, "--allreduce"). The newer
+# TensorRT-LLM rows were not judged this way and keep the custom kernel.
+ALLREDUCE = "auto"  # auto: NCCL for TensorRT-LLM 1.0 rows, the custom kernel otherwise
+NCCL_VERSIONS = {"trtllm": ("1.0",)}
+
+
+def allreduce_of(row: Row, choice: str = ALLREDUCE) -> str:
+    """The all-reduce kernel a row's table prices under ``--allreduce choice``."""
+    if choice != "auto":
+        return choice
+    prefixes = NCCL_VERSIONS.get(row.engine, ())
+    return "nccl" if row.tp > 1 and any(row.version.startswith(v + ".") for v in prefixes) else "custom"
 
 
 def corpus_path() -> Path:
@@ -130,10 +147,11 @@ class Row:
     policy: str = ""
 
     fp8_scaling: str | None = None  # 'block' or 'tensor' for fp8 rows (classify)
+    allreduce: str = "custom"  # the all-reduce kernel its table prices (allreduce_of)
 
     @property
     def table_key(self) -> tuple:
-        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
+        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
 
     @property
     def config_name(self) -> str:
@@ -196,8 +214,8 @@ def _layout_skip(r, row: Row) -> str:
     return ""
 
 
-def classify(rows: list[Row]) -> None:
-    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` on each row."""
+def classify(rows: list[Row], allreduce: str = ALLREDUCE) -> None:
+    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` and ``allreduce`` on each row."""
     from calib.sources.kernel_db import GPU_SYSTEMS, fp8_quant_mode
     from policies.registry import POLICIES
     from sim.errors import CbsimError
@@ -242,6 +260,7 @@ def classify(rows: list[Row]) -> None:
             block = fp8_quant_mode(config) == "fp8_block" or row.gemm_quant == "fp8_block"
             row.fp8_scaling = "block" if block else "tensor"
         row.gpu, row.config, row.policy = gpu, path, policy
+        row.allreduce = allreduce_of(row, allreduce)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,14 +269,16 @@ def classify(rows: list[Row]) -> None:
 def code_hash() -> str:
     """Changes whenever the composition or the simulator's pricing could: the cache's key."""
     h = hashlib.sha256()
-    for rel in ("calib/sources/kernel_db.py", "sim/latency/table.py", "sim/latency/engine_cpu.py"):
+    for rel in ("calib/sources/kernel_db.py", "calib/sources/kernel_db_comm.py", "sim/latency/table.py",
+                "sim/latency/engine_cpu.py"):
         h.update((ROOT / rel).read_bytes())
     return h.hexdigest()[:12]
 
 
 def table_dir(key: tuple, digest: str) -> Path:
-    gpu, config, tp, precision, engine, scaling = key
-    slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
+    gpu, config, tp, precision, engine, scaling, allreduce = key
+    slug = (f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
+            + ("-nccl" if allreduce == "nccl" else ""))
     return CACHE / digest / slug
 
 
@@ -271,9 +292,10 @@ def build_one(args) -> tuple[tuple, str, str]:
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
-    gpu, config, tp, precision, engine, scaling = key
+    gpu, config, tp, precision, engine, scaling, allreduce = key
     try:
-        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
+        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
+                           allreduce=allreduce)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]
@@ -524,6 +546,9 @@ def main(argv=None) -> int:
                     help=f"how the clients' phases are set up and which requests the means count (default {PHASE})")
     ap.add_argument("--compare-phases", action="store_true",
                     help="also simulate every other --phase variant and print each one's group errors")
+    ap.add_argument("--allreduce", choices=("auto", "custom", "nccl"), default=ALLREDUCE,
+                    help="the all-reduce kernel the tables price (default auto: NCCL for TensorRT-LLM 1.0 rows, "
+                         "the database's custom kernel otherwise)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
     ap.add_argument("--stamp", type=Path, action="append", default=[],
@@ -540,7 +565,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     rows = select(read_rows(), args.only)
-    classify(rows)
+    classify(rows, args.allreduce)
     priced = [r for r in rows if not r.skip]
     digest = code_hash()
     keys = sorted({r.table_key for r in priced})

@@ -40,6 +40,22 @@ def test_rows_are_priced_or_skipped_with_a_reason():
     assert rows["block"].fp8_scaling == "block"  # its config.json has weight_block_size
 
 
+def test_trtllm_1_0_rows_price_nccl_all_reduces_and_nothing_else_does():
+    """--allreduce auto: the TensorRT-LLM 1.0 collection's rows at TP > 1 (docs/trtllm.md); an explicit
+    choice applies to every row, and the kernel is part of the table's cache key."""
+    from bench.silicon_accuracy import allreduce_of, classify
+
+    trt = dict(engine="trtllm", model="Qwen/Qwen3-32B", system="h100_sxm")
+    rows = {"1.0": _row(version="1.0.0rc3", **trt), "tp1": _row(version="1.0.0rc3", tp=1, **trt),
+            "1.2": _row(version="1.2.0rc6.post1", **trt), "1.10": _row(version="1.10.0", **trt),
+            "vllm": _row()}
+    classify(list(rows.values()))
+    assert {k: r.allreduce for k, r in rows.items()} == {"1.0": "nccl", "tp1": "custom", "1.2": "custom",
+                                                          "1.10": "custom", "vllm": "custom"}
+    assert rows["1.0"].table_key[-1] == "nccl" and rows["1.2"].table_key[-1] == "custom"
+    assert allreduce_of(rows["vllm"], "nccl") == "nccl" and allreduce_of(rows["1.0"], "custom") == "custom"
+
+
 def test_layouts_cbsim_does_not_model_are_skipped_from_the_csv_row():
     from types import SimpleNamespace
 

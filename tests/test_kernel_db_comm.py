@@ -82,3 +82,26 @@ def test_unknown_kind_names_the_choices():
 
     with pytest.raises(CbsimError, match="allreduce 'ncl' is not one of custom, nccl"):
         check_kind("ncl")
+
+
+def test_calibrate_writes_an_nccl_table_and_refuses_the_flag_elsewhere(tmp_path, capsys):
+    """``cbsim calibrate --from-kernel-db --allreduce nccl``: the table's metadata says which kernel it
+    priced; the flag without --from-kernel-db, or with a kind that does not exist, is one error line."""
+    import json
+
+    from tests.helpers import run_cli
+
+    require_aic()
+    out = tmp_path / "t"
+    code, stdout, err = run_cli(capsys, "calibrate", "--from-kernel-db", "--gpu", "h100-sxm", "--model",
+                                "Qwen/Qwen3-32B", "--engine", "trtllm", "--dtype", "fp8", "--tp", "8",
+                                "--allreduce", "nccl", "--max-num-batched-tokens", "2048", "--max-model-len",
+                                "4096", "--max-num-seqs", "64", "--out", out)
+    assert code == 0, err
+    modelled = json.loads((out / "metadata.json").read_text())["provenance"]["modelled"]
+    assert "priced as NCCL's all_reduce" in modelled["all-reduce"]
+    code, _, err = run_cli(capsys, "calibrate", "--model", "tiny", "--allreduce", "nccl", "--out", tmp_path / "x")
+    assert code == 2 and "--allreduce goes with --from-kernel-db" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "calibrate", "--from-kernel-db", "--gpu", "h100-sxm", "--model", "llama-3-8b",
+                           "--allreduce", "ncl", "--out", tmp_path / "y")
+    assert code == 2 and "allreduce 'ncl' is not one of custom, nccl" in err

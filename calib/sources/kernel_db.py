@@ -826,7 +826,7 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                 "decode skew": "none: the database measures batches at one context; decode_attn is priced at "
                     "the batch's mean context (decode_skew_alpha 0)",
                 "all-reduce": ("two per layer of T x hidden bf16 elements (after attention, after the MLP), "
-                    f"the {db.engine} custom all-reduce rows, as AIConfigurator prices them; 0 at tensor_parallel 1"
+                    "vLLM custom all-reduce, CUDA-graph lane, as AIConfigurator prices it; 0 at tensor_parallel 1"
                     if db._nccl is None else "two per layer of T x hidden bf16 elements, priced as NCCL's all_reduce "
                     f"(allreduce 'nccl': AIConfigurator's custom-kernel time x nccl/custom at each message size, "
                     f"{db._nccl.source}; calib/sources/kernel_db_comm.py)"),

@@ -111,7 +111,8 @@ PHASE = "random"
 OPENING_ROUNDS = 10
 
 
-def opening_means(first: tuple[float, float], steady: tuple[float, float], rounds: int) -> tuple[float, float]:
+def opening_means(first: tuple[float, float], steady: tuple[float, float],
+                  rounds: int) -> tuple[float, float]:
     """Mean TTFT and TPOT over ``rounds`` requests per client: the opening wave's round (``first``)
     and ``rounds - 1`` rounds at ``steady``. Each client sends one request per round, so every round
     weighs the same."""
@@ -375,6 +376,7 @@ def simulate(args) -> Result:
             e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
             first = _means(pilot.sort_values("arrival_s").iloc[:row.concurrency])
             res.extra["first_round"] = {"ttft_ms": first[0], "tpot_ms": first[1]}
+            res.extra["warm_steady"] = {"ttft_ms": out["warm"][0], "tpot_ms": out["warm"][1]}
             for phase in ("spread", "random"):
                 if phase in phases or (phase == "random" and "opening" in phases):
                     sc = scenario_of(row, table, rounds + 1, 0.0)

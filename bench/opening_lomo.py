@@ -105,8 +105,7 @@ def main(argv=None) -> int:
     # the opening wave (``warm``: clusters and waves kept), not diffused
     kept = {g: [r for r in rs if "warm_steady" in r["extra"]] for g, rs in sorted(by_group.items())}
     if any(kept.values()):
-        print("
-R = 10 with the later rounds as cbsim's loop keeps them (warm) instead of diffused: "
+        print("\nR = 10 with the later rounds as cbsim's loop keeps them (warm) instead of diffused: "
               "median |TTFT err| / |TPOT err|")
         for g, rs in kept.items():
             if rs:

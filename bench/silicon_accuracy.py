@@ -359,6 +359,9 @@ def simulate(args) -> Result:
     clients' first sends are then spread evenly over that one cycle (``ramp_s`` = E2E, ``start:
     even``) and the means are over the requests sent after the ramp. ``random``: the same, each
     client's first send a seeded uniform draw over the cycle (``start: random``; :data:`PHASE`).
+    ``opening``: the pilot's first round (its first N sends) as one of :data:`OPENING_ROUNDS` rounds,
+    the ``random`` run's means as the others (:func:`opening_means`). Every row's ``extra`` keeps the
+    pieces (``first_round``, ``warm_steady``, ``random_steady`` when run) for bench/opening_lomo.py.
     """
     row, table, rounds, send_gap_s, phases = args
     import warnings

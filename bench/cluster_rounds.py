@@ -57,11 +57,12 @@ def serial_intake(a_s: float, b_s: float):
 
         def deliver(e, self=self):
             heapq.heappop(self._intake)
+            self._delivered = getattr(self, "_delivered", 0) + 1
             self.deliver(e.value)
+            if self._delivered == self.n:  # the engine may stop once everything is in: after the intake
+                self.all_sent()
 
         self.env.timeout(done - now, value=item).callbacks.append(deliver)
-        if self.sent == self.n:
-            self.all_sent()
 
     def _bound(self, own, replicas):
         b = bound(self, own, replicas)

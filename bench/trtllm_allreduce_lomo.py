@@ -41,8 +41,11 @@ MODELS = ("Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B-Instruct")
 
 
 def rows_for(kind: str, only: list[str]) -> list[sa.Row]:
-    rows = [r for r in sa.select(sa.read_rows(), ["trtllm", "h100_sxm", *only])
-            if r.model in MODELS and r.version.startswith("1.0.") and r.tp > 1]
+    rows = [
+        r
+        for r in sa.select(sa.read_rows(), ["trtllm", "h100_sxm", *only])
+        if r.model in MODELS and r.version.startswith("1.0.") and r.tp > 1
+    ]
     sa.classify(rows, kind)
     return [r for r in rows if not r.skip]
 
@@ -50,7 +53,9 @@ def rows_for(kind: str, only: list[str]) -> list[sa.Row]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--only", action="append", default=[], help="keep rows whose id contains this (e.g. _tp8_)")
+    ap.add_argument(
+        "--only", action="append", default=[], help="keep rows whose id contains this (e.g. _tp8_)"
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     digest = sa.code_hash()
@@ -58,8 +63,13 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         for kind in KINDS:
             rows = rows_for(kind, args.only)
-            tables = {k: f for k, f, e in pool.map(sa.build_one, [(k, digest) for k in sorted({r.table_key for r in rows})])
-                      if not e}
+            tables = {
+                k: f
+                for k, f, e in pool.map(
+                    sa.build_one, [(k, digest) for k in sorted({r.table_key for r in rows})]
+                )
+                if not e
+            }
             rows = [r for r in rows if r.table_key in tables]
             work = [(r, tables[r.table_key], sa.ROUNDS, sa.SEND_GAP_MS * 1e-3, [sa.PHASE]) for r in rows]
             for r, res in zip(rows, pool.map(sa.simulate, work, chunksize=1)):
@@ -73,9 +83,14 @@ def main(argv=None) -> int:
     print(f"{'model':36s} {'TP':>3s} {'rows':>5s}  " + "  ".join(f"{k:>17s}" for k in KINDS))
     for model in MODELS:
         for tp in sorted({k[2] for k in err if k[1] == model}):
-            cells = [f"{med_abs(err[(k, model, tp)]):7.1%} ({sa.quantile(err[(k, model, tp)], 0.5):+6.1%})"
-                     for k in KINDS]
-            print(f"{model:36s} {tp:3d} {len(err[(KINDS[0], model, tp)]):5d}  " + "  ".join(f"{c:>17s}" for c in cells))
+            cells = [
+                f"{med_abs(err[(k, model, tp)]):7.1%} ({sa.quantile(err[(k, model, tp)], 0.5):+6.1%})"
+                for k in KINDS
+            ]
+            print(
+                f"{model:36s} {tp:3d} {len(err[(KINDS[0], model, tp)]):5d}  "
+                + "  ".join(f"{c:>17s}" for c in cells)
+            )
 
     def pooled(kind: str, model: str) -> list[float]:
         return [e for (k, m, _tp), xs in err.items() if k == kind and m == model for e in xs]
@@ -87,10 +102,14 @@ def main(argv=None) -> int:
         chosen = min(KINDS, key=lambda k: med_abs([e for m in others for e in pooled(k, m)]))
         score = {k: med_abs(pooled(k, held)) for k in KINDS}
         verdict &= score[chosen] <= score["custom"]
-        print(f"  held out {held:34s} chosen {chosen:6s}  held-out median |TPOT error| {score[chosen]:.1%} "
-              f"(custom {score['custom']:.1%}, nccl {score['nccl']:.1%})")
-    print(f"\nNCCL for these rows: {'every held-out score no worse than the custom kernel' if verdict else 'REJECTED'}"
-          f"  ({time.perf_counter() - t0:.0f} s wall on {args.workers} workers)")
+        print(
+            f"  held out {held:34s} chosen {chosen:6s}  held-out median |TPOT error| {score[chosen]:.1%} "
+            f"(custom {score['custom']:.1%}, nccl {score['nccl']:.1%})"
+        )
+    print(
+        f"\nNCCL for these rows: {'every held-out score no worse than the custom kernel' if verdict else 'REJECTED'}"
+        f"  ({time.perf_counter() - t0:.0f} s wall on {args.workers} workers)"
+    )
     return 0
 
 

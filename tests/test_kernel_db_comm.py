@@ -36,8 +36,10 @@ def test_ratio_at_a_measured_size_is_the_rows_own():
     rows = AllReduceRows(data, "trtllm", "1.3.0rc20", "2.27.3")
     for gpus in (2, 4, 8):
         size = 65536
-        want = (nccl[(nccl.num_gpus == gpus) & (nccl.message_size == size)].latency.mean()
-                / custom[(custom.num_gpus == gpus) & (custom.message_size == size)].latency.mean())
+        want = (
+            nccl[(nccl.num_gpus == gpus) & (nccl.message_size == size)].latency.mean()
+            / custom[(custom.num_gpus == gpus) & (custom.message_size == size)].latency.mean()
+        )
         assert rows.ratio(gpus, size) == pytest.approx(want, rel=1e-9)
         assert rows.ratio(gpus, size) > 1.5  # NCCL's small messages: 2-3x the one-shot kernel on H100
     # between rows: between the two neighbours' ratios' latencies (log-size interpolation)
@@ -53,7 +55,9 @@ def test_nccl_table_changes_only_the_all_reduces():
 
     src = resolve_model("Qwen/Qwen3-32B")
     custom = KernelDb(src, "h100-sxm", tp=8, dtype="fp8", engine="trtllm", fp8_scaling="tensor")
-    nccl = KernelDb(src, "h100-sxm", tp=8, dtype="fp8", engine="trtllm", fp8_scaling="tensor", allreduce="nccl")
+    nccl = KernelDb(
+        src, "h100-sxm", tp=8, dtype="fp8", engine="trtllm", fp8_scaling="tensor", allreduce="nccl"
+    )
     a, b = custom.linear_ops(8), nccl.linear_ops(8)
     assert set(a) == set(b)
     ars = [k for k in a if is_allreduce_op(k)]
@@ -72,7 +76,9 @@ def test_nccl_table_changes_only_the_all_reduces():
     extra = sum(b[k].seconds - a[k].seconds for k in ars)
     assert 1.4e-3 < extra < 2.2e-3
     assert "nccl" in nccl.allreduce and nccl._nccl is not None
-    one = KernelDb(src, "h100-sxm", tp=1, dtype="fp8", engine="trtllm", fp8_scaling="tensor", allreduce="nccl")
+    one = KernelDb(
+        src, "h100-sxm", tp=1, dtype="fp8", engine="trtllm", fp8_scaling="tensor", allreduce="nccl"
+    )
     assert one._nccl is None  # TP 1: nothing to all-reduce
 
 
@@ -93,15 +99,49 @@ def test_calibrate_writes_an_nccl_table_and_refuses_the_flag_elsewhere(tmp_path,
 
     require_aic()
     out = tmp_path / "t"
-    code, stdout, err = run_cli(capsys, "calibrate", "--from-kernel-db", "--gpu", "h100-sxm", "--model",
-                                "Qwen/Qwen3-32B", "--engine", "trtllm", "--dtype", "fp8", "--tp", "8",
-                                "--allreduce", "nccl", "--max-num-batched-tokens", "2048", "--max-model-len",
-                                "4096", "--max-num-seqs", "64", "--out", out)
+    code, stdout, err = run_cli(
+        capsys,
+        "calibrate",
+        "--from-kernel-db",
+        "--gpu",
+        "h100-sxm",
+        "--model",
+        "Qwen/Qwen3-32B",
+        "--engine",
+        "trtllm",
+        "--dtype",
+        "fp8",
+        "--tp",
+        "8",
+        "--allreduce",
+        "nccl",
+        "--max-num-batched-tokens",
+        "2048",
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "64",
+        "--out",
+        out,
+    )
     assert code == 0, err
     modelled = json.loads((out / "metadata.json").read_text())["provenance"]["modelled"]
     assert "priced as NCCL's all_reduce" in modelled["all-reduce"]
-    code, _, err = run_cli(capsys, "calibrate", "--model", "tiny", "--allreduce", "nccl", "--out", tmp_path / "x")
+    code, _, err = run_cli(
+        capsys, "calibrate", "--model", "tiny", "--allreduce", "nccl", "--out", tmp_path / "x"
+    )
     assert code == 2 and "--allreduce goes with --from-kernel-db" in err and "Traceback" not in err
-    code, _, err = run_cli(capsys, "calibrate", "--from-kernel-db", "--gpu", "h100-sxm", "--model", "llama-3-8b",
-                           "--allreduce", "ncl", "--out", tmp_path / "y")
+    code, _, err = run_cli(
+        capsys,
+        "calibrate",
+        "--from-kernel-db",
+        "--gpu",
+        "h100-sxm",
+        "--model",
+        "llama-3-8b",
+        "--allreduce",
+        "ncl",
+        "--out",
+        tmp_path / "y",
+    )
     assert code == 2 and "allreduce 'ncl' is not one of custom, nccl" in err

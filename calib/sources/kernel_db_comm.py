@@ -36,28 +36,43 @@ class AllReduceRows:
 
         custom = data_dir / "comm" / engine / engine_version / "custom_allreduce_perf.parquet"
         nccl = data_dir / "comm" / "nccl" / str(nccl_version) / "nccl_perf.parquet"
-        for path, what in ((custom, f"{engine} {engine_version}'s custom all-reduce"), (nccl, "NCCL's all-reduce")):
+        for path, what in (
+            (custom, f"{engine} {engine_version}'s custom all-reduce"),
+            (nccl, "NCCL's all-reduce"),
+        ):
             if not path.is_file():
-                raise CbsimError(f"allreduce: the kernel database has no rows of {what} ({path.name} under "
-                                 f"{path.parent}); price the table with allreduce 'custom' or another version")
-        self.custom = _curves(pq.read_table(custom).to_pylist(), dtype_key="allreduce_dtype", dtype="bfloat16")
-        self.nccl = _curves([r for r in pq.read_table(nccl).to_pylist() if r["op_name"] == "all_reduce"],
-                            dtype_key="nccl_dtype", dtype="half")
-        self.source = f"{nccl.parent.name} (nccl_perf.parquet) over {engine} {engine_version} custom_allreduce rows"
+                raise CbsimError(
+                    f"allreduce: the kernel database has no rows of {what} ({path.name} under "
+                    f"{path.parent}); price the table with allreduce 'custom' or another version"
+                )
+        self.custom = _curves(
+            pq.read_table(custom).to_pylist(), dtype_key="allreduce_dtype", dtype="bfloat16"
+        )
+        self.nccl = _curves(
+            [r for r in pq.read_table(nccl).to_pylist() if r["op_name"] == "all_reduce"],
+            dtype_key="nccl_dtype",
+            dtype="half",
+        )
+        self.source = (
+            f"{nccl.parent.name} (nccl_perf.parquet) over {engine} {engine_version} custom_allreduce rows"
+        )
 
     def ratio(self, num_gpus: int, elements: float) -> float:
         """NCCL's time over the custom kernel's for one all-reduce of ``elements`` 16-bit values."""
         for name, curves in (("custom", self.custom), ("NCCL", self.nccl)):
             if num_gpus not in curves:
-                raise CbsimError(f"allreduce: the database's {name} all-reduce rows have no {num_gpus}-GPU "
-                                 f"measurements (it has {sorted(curves)})")
+                raise CbsimError(
+                    f"allreduce: the database's {name} all-reduce rows have no {num_gpus}-GPU "
+                    f"measurements (it has {sorted(curves)})"
+                )
         return _at(self.nccl[num_gpus], elements) / _at(self.custom[num_gpus], elements)
 
 
 def check_kind(kind: str) -> str:
     if kind not in ALLREDUCE_KINDS:
-        raise CbsimError(f"allreduce {kind!r} is not one of {', '.join(ALLREDUCE_KINDS)}"
-                         f"{nearest(kind, ALLREDUCE_KINDS)}")
+        raise CbsimError(
+            f"allreduce {kind!r} is not one of {', '.join(ALLREDUCE_KINDS)}{nearest(kind, ALLREDUCE_KINDS)}"
+        )
     return kind
 
 
@@ -72,7 +87,9 @@ def _curves(rows: list[dict], *, dtype_key: str, dtype: str) -> dict[int, tuple[
     for r in rows:
         if r.get(dtype_key) != dtype:
             continue
-        by.setdefault(int(r["num_gpus"]), {}).setdefault(float(r["message_size"]), []).append(float(r["latency"]))
+        by.setdefault(int(r["num_gpus"]), {}).setdefault(float(r["message_size"]), []).append(
+            float(r["latency"])
+        )
     out = {}
     for n, sizes in by.items():
         xs = sorted(sizes)

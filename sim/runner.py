@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from policies.registry import POLICIES, make_policy
@@ -63,8 +64,12 @@ def time_limit(scn: Scenario, specs) -> tuple[float | None, bool]:
         return None, True
     if not specs:
         return DEFAULT_DRAIN_S, True
-    first = min(s.arrival_s for s in specs)
-    last = max(s.arrival_s for s in specs)
+    arrivals = getattr(specs, "arrival_s", None)  # sim.workload.spec_columns: no spec made for this
+    if arrivals is not None and not np.isnan(arrivals).any():
+        first, last = float(arrivals.min()), float(arrivals.max())
+    else:
+        first = min(s.arrival_s for s in specs)
+        last = max(s.arrival_s for s in specs)
     return last + max(DEFAULT_DRAIN_S, last - first), True
 
 
@@ -289,6 +294,9 @@ def workload_cuts(specs) -> dict[str, int]:
     prompts clipped to the context), so a run never changes a request without saying so."""
     from collections import Counter
 
+    cut = getattr(specs, "cut", None)  # sim.workload.spec_columns: one reason, a mask
+    if cut is not None:
+        return {specs.cut_reason: int(cut.sum())} if cut.any() else {}
     return dict(Counter(s.cut for s in specs if s.cut))
 
 

@@ -127,3 +127,20 @@ def test_request_counts_are_int32_and_a_value_past_it_widens_its_column():
     assert frame["max_tokens"].dtype == np.int64 and frame["max_tokens"].tolist() == [7, 2**40]
     assert frame["prompt_tokens"].dtype == np.int32 and frame["prompt_tokens"].tolist() == [5, 6]
     assert frame["arrival_s"].dtype == np.float64 and frame["id"].tolist() == ["a", "b"]
+
+
+def test_the_run_reads_the_columns_as_it_reads_the_list(monkeypatch):
+    """Where simulated time stops, the workload's cuts and its sends, from the arrays (no spec made)."""
+    from sim.workload.closed_loop import send_plan
+
+    raw = small_scenario(num_requests=300)
+    raw["workload"]["prompt_tokens"] = {"dist": "uniform", "min": 8, "max": 400}  # some clipped to 255
+    scn = load_scenario(raw)
+    _columns(monkeypatch, False)
+    listed = build_workload(scn)
+    _columns(monkeypatch, True)
+    cols = build_workload(scn)
+    assert runner.time_limit(scn, cols) == runner.time_limit(scn, listed)
+    cuts = runner.workload_cuts(cols)
+    assert cuts == runner.workload_cuts(listed) and sum(cuts.values()) > 10
+    assert send_plan(scn, cols) is None is send_plan(scn, listed)

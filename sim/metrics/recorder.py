@@ -3,8 +3,8 @@
 Records are typed columns while the run is hot and become pandas DataFrames once at the end: no
 DataFrame is built per step, and no Python object is made per step or per token.
 
-* Steps: each replica appends its rows to its own :class:`ReplicaSteps` (one ``array`` of 8-byte
-  values per column, plus the exact time each step ended). ``steps_frame()`` merges the replicas'
+* Steps: each replica appends its rows to its own :class:`ReplicaSteps` (one typed ``array`` per
+  column, 4-byte counts and 8-byte times, plus the exact time each step ended). ``steps_frame()`` merges the replicas'
   rows in the order their steps ended (ties by replica index); the ``step`` column numbers the
   merged rows.
 * Token times: a request's tokens are emitted at the ends of steps of its replica, and a running
@@ -14,7 +14,9 @@ DataFrame is built per step, and no Python object is made per step or per token.
   run; earlier runs (broken by a preemption, or by a step that did not schedule it) are closed
   into ``runs``. Every time is the very float the engine's clock showed when the token was
   emitted, so nothing is approximated.
-* ``requests_frame()`` has one row per request; ``token_times_s`` holds every token's time as a
+* Requests: each request's figures go to a :class:`sim.metrics.request_table.RequestTable` (one
+  typed array per field), when it ends in a compact run (its record is then let go), else when a
+  frame is built; ``requests_frame()`` is that table, one row per request; ``token_times_s`` holds every token's time as a
   NumPy array, unless the run emitted more than ``token_times_limit`` tokens (default
   :data:`TOKEN_TIMES_LIMIT`, environment variable ``CBSIM_TOKEN_TIMES_LIMIT``): then the column is
   left out to keep memory bounded (8 bytes per token would be 1.7 GB for a million chat
@@ -23,6 +25,7 @@ DataFrame is built per step, and no Python object is made per step or per token.
 
 Module layout: :mod:`sim.metrics.steps` (step columns, :class:`ReplicaSteps`, the steps frame),
 :mod:`sim.metrics.requests` (:class:`RequestRecord`, :func:`emit_step_tokens`),
+:mod:`sim.metrics.request_table` (the requests' columns),
 :mod:`sim.metrics.token_times` (runs to times, ITL statistics); this module holds the
 :class:`Recorder` that ties them together and the requests frame, and re-exports their names.
 """

@@ -65,6 +65,7 @@ Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 
 MAX_STRETCH = 4096  # steps fast-forwarded at once at most (bounds the arrays of one stretch)
 MIN_STRETCH = 2  # shorter stretches are stepped normally
+SHORT_STRETCH = 48  # stretches up to this many steps are priced in Python floats, longer ones with NumPy
 
 
 def fast_forward_default() -> bool:
@@ -291,13 +292,27 @@ class Replica:
         k = self.policy.decode_stretch_limit(batch, k)
         if k < MIN_STRETCH:
             return None
-        dts, flops, bytes_ = self.pricer.price(batch, context, k)
-        times = np.empty(k + 1, dtype=np.float64)
-        times[0] = now
-        times[1:] = dts
-        np.cumsum(times, out=times)  # sequential: now + dt1, then + dt2, ... as SimPy adds them
-        # every step must end strictly before the next arrival and the horizon
-        k = int(np.searchsorted(times[1:], bound, side="left"))
+        pricer = self.pricer
+        if k <= SHORT_STRETCH and pricer.steps is not None:
+            # a short stretch in plain floats (NumPy's cost per call exceeds the loop's): the same
+            # sums in the same order, and the clock added up one step at a time as SimPy adds it
+            dts, flops, bytes_ = pricer.steps(b, context, k)
+            times = [now]
+            t = now
+            for dt in dts:
+                t += dt
+                if not t < bound:  # every step must end strictly before the arrival and the horizon
+                    break
+                times.append(t)
+            k = len(times) - 1
+        else:
+            dts, flops, bytes_ = pricer.price(batch, context, k)
+            times = np.empty(k + 1, dtype=np.float64)
+            times[0] = now
+            times[1:] = dts
+            np.cumsum(times, out=times)  # sequential: now + dt1, then + dt2, ... as SimPy adds them
+            # every step must end strictly before the next arrival and the horizon
+            k = int(np.searchsorted(times[1:], bound, side="left"))
         if k < MIN_STRETCH:
             return None
         while True:  # SimPy lands at now + delay: find a delay that lands exactly at the k-th end
@@ -344,6 +359,8 @@ class Replica:
             reserved[-1], stored[-1] = policy.kv_tokens_reserved_and_used()
         self.stretches += 1
         self.stretch_steps += k
+        if type(times) is list:  # a short stretch priced in floats (_prepare_stretch): the recorder takes arrays
+            times, dts, flops, bytes_ = (np.array(v, dtype=np.float64) for v in (times, dts, flops, bytes_))
         steps.extend_decodes(times, dts, running, waiting, b, kv_used, policy.cpu_blocks_used(),
                              reserved, stored, flops, bytes_, len(finishing), policy.num_running)
 
@@ -460,6 +477,9 @@ class DecodePricer:
         # a model's scalar price of one decode step (the roofline's: no StepShape, no loop over
         # its operators), the same float as its price of that step
         self.step_time = getattr(latency, "decode_step_time", None)
+        # the model's price of a short stretch as lists (the roofline's ``decode_steps``): the same
+        # floats as ``price_decodes``
+        self.steps = getattr(latency, "decode_steps", None)
 
     @staticmethod
     def shape(b: int, context: int, j: int) -> StepShape:

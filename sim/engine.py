@@ -112,6 +112,8 @@ class Replica:
         self.fast_forward = (fast_forward and simulation is not None
                              and type(policy).decode_stretch is not Policy.decode_stretch)
         self.pricer = DecodePricer(latency) if self.fast_forward else None
+        # the last step of a stretch may contain the next arrival (Simulation sets it where that is exact)
+        self.cross_arrivals = False
         self.stretches = 0  # pure-decode stretches fast-forwarded, and the steps they held
         self.stretch_steps = 0
         # when the step (or stretch) under way ends: sim.disaggregation bounds its decode pool's
@@ -266,31 +268,42 @@ class Replica:
     # --- fast-forward ---------------------------------------------------------------------------
     def _prepare_stretch(self, batch: list[Request], context: int):
         """Decide how many pure-decode steps to apply at once, price them and find where the
-        clock lands; None when fewer than MIN_STRETCH steps qualify."""
+        clock lands; None when fewer than MIN_STRETCH steps qualify.
+
+        Every step but the last ends strictly before the next arrival. The last may contain it
+        (start before it, end after it: ``cross_arrivals``) where nothing the arrival does reads
+        what the stretch changes: stepped one by one, that step was scheduled before the arrival
+        and ends after it, and the arrival only queues a request (``Policy.stretch_past_arrivals``)
+        and asks a router that reads no KV state; the one figure it changes, the waiting count,
+        goes into the last step's row only. Such a stretch may be one step long (it saves the
+        scheduled decode step that every arrival otherwise costs)."""
         env, sim = self.env, self.simulation
         now = env.now
-        bound = sim.next_arrival_at
-        if sim.horizon_s is not None and sim.horizon_s < bound:
-            bound = sim.horizon_s
+        arrival = sim.next_arrival_at
+        horizon = sim.horizon_s if sim.horizon_s is not None else math.inf
+        bound = arrival if arrival < horizon else horizon
+        cross = self.cross_arrivals and arrival < horizon and arrival > now
         b = len(batch)
         # a cheap bound from the next step's time (step times grow with the context)
         dt1 = self.pricer.first_step_time(b, context)
         if not dt1 > 0:
             return None
         room = bound - now
-        if room < MIN_STRETCH * dt1:
+        least = 1 if cross else MIN_STRETCH
+        if not cross and room < MIN_STRETCH * dt1:
             return None
-        k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1)
+        # steps that can end before the bound, and with ``cross`` the one after them
+        k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1 + cross)
         # no request may finish before the stretch's last step: stop at the first one's last token
         records = self.records
         for req in batch:
             margin = records[req.id].finish_at - req.num_output_tokens
             if margin < k:
                 k = margin
-                if k < MIN_STRETCH:
+                if k < least:
                     return None
         k = self.policy.decode_stretch_limit(batch, k)
-        if k < MIN_STRETCH:
+        if k < least:
             return None
         pricer = self.pricer
         if k <= SHORT_STRETCH and pricer.steps is not None:
@@ -301,7 +314,9 @@ class Replica:
             t = now
             for dt in dts:
                 t += dt
-                if not t < bound:  # every step must end strictly before the arrival and the horizon
+                if not t < bound:  # this step and the later ones end at or after the bound
+                    if cross and t > arrival and t < horizon:
+                        times.append(t)  # the step the arrival falls in, strictly inside it
                     break
                 times.append(t)
             k = len(times) - 1
@@ -312,19 +327,25 @@ class Replica:
             times[1:] = dts
             np.cumsum(times, out=times)  # sequential: now + dt1, then + dt2, ... as SimPy adds them
             # every step must end strictly before the next arrival and the horizon
-            k = int(np.searchsorted(times[1:], bound, side="left"))
-        if k < MIN_STRETCH:
+            n = int(np.searchsorted(times[1:], bound, side="left"))
+            if cross and n < k and times[n + 1] > arrival and times[n + 1] < horizon:
+                n += 1
+            k = n
+        crossing = cross and times[k] > arrival
+        if k < (1 if crossing else MIN_STRETCH):
             return None
         while True:  # SimPy lands at now + delay: find a delay that lands exactly at the k-th end
             delay = landing_delay(now, float(times[k]))
             if delay is not None:
                 break
             k -= 1  # rare: no float delay lands there; the last step is then taken normally
+            crossing = False
             if k < MIN_STRETCH:
                 return None
-        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k]
+        waiting = self.policy.num_waiting if crossing else None  # the rows before the arrival's
+        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting
 
-    def _apply_stretch(self, batch, k, times, dts, flops, bytes_) -> None:
+    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before) -> None:
         policy, records, steps = self.policy, self.records, self.steps
         step = len(steps)  # the stretch's first step on this replica
         last_time = float(times[k])
@@ -361,8 +382,12 @@ class Replica:
         self.stretch_steps += k
         if type(times) is list:  # a short stretch priced in floats (_prepare_stretch): the recorder takes arrays
             times, dts, flops, bytes_ = (np.array(v, dtype=np.float64) for v in (times, dts, flops, bytes_))
+        waiting_after = None
+        if waiting_before is not None and waiting_before != waiting:  # arrivals in the last step
+            waiting, waiting_after = waiting_before, waiting
         steps.extend_decodes(times, dts, running, waiting, b, kv_used, policy.cpu_blocks_used(),
-                             reserved, stored, flops, bytes_, len(finishing), policy.num_running)
+                             reserved, stored, flops, bytes_, len(finishing), policy.num_running,
+                             waiting_after)
 
 
 def kv_load_step(plan: StepPlan, records, dt: float) -> float:
@@ -585,6 +610,14 @@ class Simulation:
             if self.clients.sent == self.clients.n:  # nothing to send at all
                 self._arrivals_over()
         self.router = router or round_robin()
+        # a stretch's last step may contain an arrival where the arrival reads nothing the stretch
+        # changes: no closed loop (its sends follow ends), no lockstep, one replica or a router that
+        # reads no KV state, and a policy whose add_request only queues (Replica._prepare_stretch)
+        cross = (self.clients is None and lockstep <= 1
+                 and (len(self.replicas) == 1 or getattr(self.router, "reads_kv_state", True) is False))
+        for rep in self.replicas:
+            rep.cross_arrivals = (cross and rep.fast_forward
+                                  and getattr(type(rep.policy), "stretch_past_arrivals", False))
         if self.clients is None:
             self.env.process(self.arrivals())
 

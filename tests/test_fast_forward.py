@@ -266,6 +266,33 @@ def test_the_cases_exercise_what_they_claim():
     assert steps["replica"].nunique() == 3
 
 
+@pytest.mark.parametrize("case, crosses", [("plain", True), ("replicas", True), ("replicas-least-outstanding", True),
+                                           ("queue-held-by-max-num-seqs", True), ("arrivals-tie-step-ends", False),
+                                           ("horizon", True), ("replicas-least-kv", False)])
+def test_a_stretch_ends_with_the_step_an_arrival_falls_in(case, crosses, monkeypatch):
+    """A stretch's last step may contain the next arrival (it was scheduled before it, the arrival
+    only queues a request): the runs stay exact, the arrivals in that step count in its row's
+    ``waiting`` only. An arrival on a step's end is not inside it (arrivals-tie-step-ends: every
+    arrival ties with a step end, which SimPy orders by event id), and a router that reads KV
+    state (least-kv) keeps every stretch's steps before the arrival."""
+    import sim.engine
+
+    seen = {"crossing": 0, "waiting_changed": 0}
+    apply = sim.engine.Replica._apply_stretch
+
+    def counted(self, batch, k, times, dts, flops, bytes_, waiting_before):
+        if waiting_before is not None:
+            seen["crossing"] += 1
+            seen["waiting_changed"] += waiting_before != self.policy.num_waiting
+        return apply(self, batch, k, times, dts, flops, bytes_, waiting_before)
+
+    monkeypatch.setattr(sim.engine.Replica, "_apply_stretch", counted)
+    run_with_and_without_fast_forward(CASES[case])
+    assert (seen["crossing"] > 0) == crosses
+    if case == "queue-held-by-max-num-seqs":  # stretches run with a queue: arrivals lengthen it
+        assert seen["waiting_changed"] > 0
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_runs_the_same_with_fast_forward_on_and_off(name):
     specs = workload(13, n=80, max_prompt=300, max_out=150)

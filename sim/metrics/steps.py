@@ -118,10 +118,11 @@ class ReplicaSteps:
     def extend_decodes(self, times: np.ndarray, durations: np.ndarray, running: int, waiting: int,
                        num_seqs: int, kv_blocks_used, cpu_blocks_used: int, reserved, used,
                        flops: np.ndarray, bytes_: np.ndarray, finished: int = 0,
-                       running_after: int | None = None) -> None:
+                       running_after: int | None = None, waiting_after: int | None = None) -> None:
         """Rows of ``k`` pure-decode steps at once: ``times`` holds the clock before the first
         step and after each one (``k + 1`` values). ``finished`` requests end in the last step,
-        leaving ``running_after`` running."""
+        leaving ``running_after`` running; ``waiting_after``: requests arrived during the last
+        step leave that many waiting after it."""
         k = len(durations)
         cols = self.columns
         cols["start_s"].frombytes(_raw(times[:-1]))
@@ -138,6 +139,8 @@ class ReplicaSteps:
         if finished:
             cols["finished"][-1] = finished
             cols["running"][-1] = running_after
+        if waiting_after is not None:
+            cols["waiting"][-1] = waiting_after
         cols["swap_s"].extend(array("d", (0.0,)) * k)
         cols["kv_blocks_used"].extend(kv_blocks_used)
         cols["kv_reserved_tokens"].extend(reserved)

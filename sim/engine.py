@@ -382,12 +382,12 @@ class Replica:
         self.stretch_steps += k
         if type(times) is list:  # a short stretch priced in floats (_prepare_stretch): the recorder takes arrays
             times, dts, flops, bytes_ = (np.array(v, dtype=np.float64) for v in (times, dts, flops, bytes_))
-        waiting_after = None
-        if waiting_before is not None and waiting_before != waiting:  # arrivals in the last step
-            waiting, waiting_after = waiting_before, waiting
-        steps.extend_decodes(times, dts, running, waiting, b, kv_used, policy.cpu_blocks_used(),
-                             reserved, stored, flops, bytes_, len(finishing), policy.num_running,
-                             waiting_after)
+        crossed = waiting_before is not None and waiting_before != waiting  # arrivals in the last step
+        steps.extend_decodes(times, dts, running, waiting_before if crossed else waiting, b, kv_used,
+                             policy.cpu_blocks_used(), reserved, stored, flops, bytes_, len(finishing),
+                             policy.num_running)
+        if crossed:
+            steps.set_last_waiting(waiting)
 
 
 def kv_load_step(plan: StepPlan, records, dt: float) -> float:

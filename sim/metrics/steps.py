@@ -118,11 +118,10 @@ class ReplicaSteps:
     def extend_decodes(self, times: np.ndarray, durations: np.ndarray, running: int, waiting: int,
                        num_seqs: int, kv_blocks_used, cpu_blocks_used: int, reserved, used,
                        flops: np.ndarray, bytes_: np.ndarray, finished: int = 0,
-                       running_after: int | None = None, waiting_after: int | None = None) -> None:
+                       running_after: int | None = None) -> None:
         """Rows of ``k`` pure-decode steps at once: ``times`` holds the clock before the first
         step and after each one (``k + 1`` values). ``finished`` requests end in the last step,
-        leaving ``running_after`` running; ``waiting_after``: requests arrived during the last
-        step leave that many waiting after it."""
+        leaving ``running_after`` running."""
         k = len(durations)
         cols = self.columns
         cols["start_s"].frombytes(_raw(times[:-1]))
@@ -139,8 +138,6 @@ class ReplicaSteps:
         if finished:
             cols["finished"][-1] = finished
             cols["running"][-1] = running_after
-        if waiting_after is not None:
-            cols["waiting"][-1] = waiting_after
         cols["swap_s"].extend(array("d", (0.0,)) * k)
         cols["kv_blocks_used"].extend(kv_blocks_used)
         cols["kv_reserved_tokens"].extend(reserved)
@@ -159,6 +156,11 @@ class ReplicaSteps:
 
     def end_times(self) -> np.ndarray:
         return np.frombuffer(self.ends, dtype=np.float64)
+
+    def set_last_waiting(self, waiting: int) -> None:
+        """The last row's ``waiting``: requests arrived during a stretch's last step queue after
+        it only (``sim.engine.Replica._apply_stretch``; the rows before keep the count before)."""
+        self.columns["waiting"][-1] = waiting
 
 
 def merge_steps_frame(replicas) -> pd.DataFrame:

@@ -342,10 +342,10 @@ class Policy:
     # ``schedule()``, ``emit_tokens()`` and ``finish_step(plan, [])`` would have produced.
     # Policies that do not implement these step normally.
 
-    # True: ``add_request`` reads nothing a pure-decode step changes (it only queues the request
-    # or marks it for rejection at the next schedule), so the engine may deliver an arrival that
-    # falls inside a stretch's last step before applying the stretch (``advance_decodes`` then
-    # runs with that request waiting); the stretch's steps are still all scheduled before it
+    # True: ``add_request`` reads nothing that pure-decode steps or their finishes change (it only
+    # queues the request or marks it for rejection at the next schedule), so the engine may
+    # deliver an arrival that falls inside a stretch's last step after applying the whole stretch,
+    # finishes included (sim.engine: a stretch's steps are still all scheduled before it)
     stretch_past_arrivals = False
 
     def decode_stretch(self) -> tuple[list[Request], int] | None:

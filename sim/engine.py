@@ -160,12 +160,25 @@ class Replica:
             if fast_forward:
                 stretch = policy.decode_stretch()
                 if stretch is not None:
-                    prepared = self._prepare_stretch(*stretch)
-                    if prepared is not None:
-                        self.busy_until = env.now + prepared[0]
-                        yield env.timeout(prepared[0])
-                        self._apply_stretch(*prepared[1:])
-                        continue
+                    if self.cross_arrivals:
+                        chained = self._chain_stretches(*stretch)
+                        if chained is not None:
+                            delay, crossed, ending = chained
+                            self.busy_until = env.now + delay
+                            waiting = policy.num_waiting
+                            yield env.timeout(delay)
+                            if crossed and policy.num_waiting != waiting:  # arrived in the last step
+                                self.steps.set_last_waiting(policy.num_waiting)
+                            for req in ending:  # they end after the arrival, as stepped
+                                self._end(records[req.id], "finished")
+                            continue
+                    else:
+                        prepared = self._prepare_stretch(*stretch)
+                        if prepared is not None:
+                            self.busy_until = env.now + prepared[0]
+                            yield env.timeout(prepared[0])
+                            self._apply_stretch(*prepared[1:])
+                            continue
             plan = policy.schedule()
             for req in plan.rejected:
                 self._end(records[req.id], "rejected", req.reject_reason or "rejected by the policy")
@@ -266,7 +279,39 @@ class Replica:
         self.steps.append(now, start, dt, self.policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed)
 
     # --- fast-forward ---------------------------------------------------------------------------
-    def _prepare_stretch(self, batch: list[Request], context: int):
+    def _chain_stretches(self, batch: list[Request], context: int):
+        """Stretches one after another, applied now, for one timeout: (its delay, whether the
+        last step contains the next arrival, the requests that finish in that step), or None
+        when not even one stretch qualifies. Where nothing can observe the replica before the
+        next arrival (``cross_arrivals``: no closed loop, one replica or a router that reads no
+        KV state), a stretch that ends with finishes is followed at once by the stretch the
+        policy offers next, from the same clock, as the loop would after a timeout: the same
+        steps, the same state, one SimPy event for all. Those requests end at once (nothing
+        reads their end before the arrival); a last step containing the arrival is applied now
+        too (the arrival only queues), its finishes and its row's waiting count after it."""
+        now = self.env.now
+        t = now
+        delay = None
+        while True:
+            prepared = self._prepare_stretch(batch, context, t)
+            if prepared is None:
+                break
+            d, batch, k, times, dts, flops, bytes_, waiting = prepared
+            crossed = waiting is not None
+            finishing = self._apply_stretch(batch, k, times, dts, flops, bytes_, None, crossed)
+            delay = d
+            if crossed:
+                return delay, True, finishing
+            if not finishing:  # stopped by KV memory, MAX_STRETCH or a landing: a step is scheduled next
+                break
+            t = float(times[k])
+            following = self.policy.decode_stretch()
+            if following is None:
+                break
+            batch, context = following
+        return None if delay is None else (delay, False, ())
+
+    def _prepare_stretch(self, batch: list[Request], context: int, start: float | None = None):
         """Decide how many pure-decode steps to apply at once, price them and find where the
         clock lands; None when fewer than MIN_STRETCH steps qualify.
 
@@ -278,7 +323,8 @@ class Replica:
         goes into the last step's row only. Such a stretch may be one step long (it saves the
         scheduled decode step that every arrival otherwise costs)."""
         env, sim = self.env, self.simulation
-        now = env.now
+        origin = env.now  # where SimPy's clock is: the timeout is added to it
+        now = origin if start is None else start  # where this stretch starts (later in a chain)
         arrival = sim.next_arrival_at
         horizon = sim.horizon_s if sim.horizon_s is not None else math.inf
         bound = arrival if arrival < horizon else horizon
@@ -335,7 +381,7 @@ class Replica:
         if k < (1 if crossing else MIN_STRETCH):
             return None
         while True:  # SimPy lands at now + delay: find a delay that lands exactly at the k-th end
-            delay = landing_delay(now, float(times[k]))
+            delay = landing_delay(origin, float(times[k]))
             if delay is not None:
                 break
             k -= 1  # rare: no float delay lands there; the last step is then taken normally
@@ -345,7 +391,10 @@ class Replica:
         waiting = self.policy.num_waiting if crossing else None  # the rows before the arrival's
         return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting
 
-    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before) -> None:
+    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before, defer_ends=False):
+        """The stretch's steps on the policy, the records and the step rows; the requests that
+        finish in its last step end here, or with ``defer_ends`` are returned for the caller to
+        end."""
         policy, records, steps = self.policy, self.records, self.steps
         step = len(steps)  # the stretch's first step on this replica
         last_time = float(times[k])
@@ -374,8 +423,9 @@ class Replica:
                 req.status = Status.FINISHED
                 records[req.id].finish_s = last_time
             policy.finish_step(last, finishing)
-            for req in finishing:
-                self._end(records[req.id], "finished")
+            if not defer_ends:
+                for req in finishing:
+                    self._end(records[req.id], "finished")
             kv_used[-1] = policy.kv_blocks_used()
             reserved[-1], stored[-1] = policy.kv_tokens_reserved_and_used()
         self.stretches += 1
@@ -388,6 +438,7 @@ class Replica:
                              policy.num_running)
         if crossed:
             steps.set_last_waiting(waiting)
+        return finishing
 
 
 def kv_load_step(plan: StepPlan, records, dt: float) -> float:

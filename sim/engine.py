@@ -23,6 +23,15 @@ as SimPy would, and the policy advances its state in the order ``k`` single step
 the horizon, with the step in which the first request finishes (that step's finishes are then
 applied as a single step applies them), and before KV memory would run out, so nothing any other
 process could observe differs: the same steps, tokens, times and records, bit for bit.
+
+Where the arrival reads nothing a stretch changes (``Replica.cross_arrivals``: no closed loop, one
+replica or a router that reads no KV state, a policy whose ``add_request`` only queues:
+``Policy.stretch_past_arrivals``), two things more are exact. The stretch's last step may contain
+the next arrival (start before it, end after it: stepped one by one, that step is scheduled before
+the arrival and ends after it; its row's ``waiting`` counts the arrival). And a stretch that ends
+with finishes is followed, in the same timeout, by the stretch the policy offers next from that
+clock (``Replica._chain_stretches``): the stretches are applied at once, their finished requests
+ended at once, except those of a last step containing the arrival, ended after it.
 ``Simulation(..., fast_forward=False)`` or the environment variable ``CBSIM_NO_FAST_FORWARD=1``
 turns it off (for debugging; tests compare both).
 

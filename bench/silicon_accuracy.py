@@ -58,7 +58,14 @@ MODEL_ALIASES = {
     "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
     "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
     "meta-llama/Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
+    "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-V3",  # R1 is V3's architecture retrained: one table
 }
+# The corpus names the experts' format in ``precision`` (fp4, int4) for checkpoints that ship their
+# experts 4-bit: gpt-oss's MXFP4 experts (the corpus says fp4 / nvfp4 for every gpt-oss row, of a
+# checkpoint that ships only MXFP4) and Kimi-K2.5's INT4 group-32 experts. Such a row is priced as the
+# checkpoint ships (cbsim's ``expert_quantization``, the rest of the weights in the checkpoint's own
+# dtype); another 4-bit model (DeepSeek-R1-NVFP4) stays refused.
+SHIPPED_EXPERTS = {"mxfp4": "fp4", "int4": "int4"}
 PRECISIONS = ("bf16", "fp8")
 ROUNDS = 4  # requests per client: the opening wave plus three rounds of the loop it settles into
 # The clients' first requests reach the engine one after another, not at one instant: a benchmark
@@ -130,10 +137,17 @@ class Row:
     policy: str = ""
 
     fp8_scaling: str | None = None  # 'block' or 'tensor' for fp8 rows (classify)
+    # the layout beyond TP as the row runs it: attention data-parallel ranks, experts expert-parallel
+    # over tp x dp GPUs (the corpus' moe_ep_size) or tensor-parallel over them (:func:`_layout_skip`)
+    data_parallel: int = 1
+    expert_parallel: bool = False
+    moe_path: bool = False  # composed by calib.sources.kernel_db_moe (MLA, 4-bit experts, DP or EP)
+    mla: bool = False  # multi-head latent attention (FlashMLA's 64-token blocks)
 
     @property
     def table_key(self) -> tuple:
-        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
+        key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
+        return key + (self.data_parallel, self.expert_parallel) if self.moe_path else key
 
     @property
     def config_name(self) -> str:
@@ -145,9 +159,15 @@ class Row:
 
     @property
     def layout(self) -> str:
-        """The row's parallel layout as issue #29 breaks the errors down (``tp4``; rows with expert or
-        attention data parallelism are skipped before this, :func:`_layout_skip`)."""
-        return f"tp{self.tp}"
+        """The row's parallel layout as issues #29 and #30 break the errors down: ``tp4``, and the
+        attention data-parallel ranks and expert parallelism when the row has them (``tp1 dp8 ep8``:
+        8 ranks of whole attention, the experts split over the 8 GPUs)."""
+        parts = [f"tp{self.tp}"]
+        if self.data_parallel > 1:
+            parts.append(f"dp{self.data_parallel}")
+        if self.expert_parallel:
+            parts.append(f"ep{self.tp * self.data_parallel}")
+        return " ".join(parts)
 
 
 def read_rows(path: Path | None = None) -> list[Row]:
@@ -183,16 +203,27 @@ def _row(r) -> Row:
 
 
 def _layout_skip(r, row: Row) -> str:
+    """Why the row's layout is not one cbsim replica, or "" (and ``row.data_parallel`` /
+    ``row.expert_parallel`` set). One replica is ``tp`` attention GPUs per data-parallel rank,
+    ``attention_dp`` ranks stepping in lockstep, and the MoE over the same tp x dp GPUs, either
+    expert-parallel (``moe_ep`` = tp x dp, ``moe_tp`` 1) or tensor-parallel (``moe_tp`` = tp x dp);
+    the corpus' blank ``moe_tp_size`` means the attention's own tp x dp."""
     if r.mode != "agg":
         return f"mode {r.mode}: disaggregated rows are not replayed yet"
     if row.tp < 1 or row.concurrency < 1:
         return "no tp_size or concurrency"
     if (_num(r.pp_size, 1) or 1) != 1:
         return f"pipeline parallel {r.pp_size:g}: cbsim has no pipeline parallelism"
-    if (_num(r.attention_dp_size, 1) or 1) != 1:
-        return f"attention data parallel {r.attention_dp_size:g}"
-    if (_num(r.moe_ep_size, 1) or 1) != 1:
-        return f"expert parallel {r.moe_ep_size:g}"
+    dp = int(_num(r.attention_dp_size, 1) or 1)
+    ep = int(_num(r.moe_ep_size, 1) or 1)
+    gpus = row.tp * dp
+    mtp = int(_num(getattr(r, "moe_tp_size", None), 0) or 0) or gpus // ep
+    if mtp * ep != gpus:
+        return (f"moe_tp {mtp} x moe_ep {ep} != tp {row.tp} x attention_dp {dp}: the experts are not on "
+                f"the attention's GPUs (not one replica)")
+    if ep > 1 and mtp > 1:
+        return f"experts both tensor- ({mtp}) and expert-parallel ({ep}): not modelled"
+    row.data_parallel, row.expert_parallel = dp, ep > 1
     return ""
 
 
@@ -230,8 +261,22 @@ def classify(rows: list[Row]) -> None:
         if err:
             row.skip = f"model {row.model}: {err}"
             continue
-        if not row.precision:  # the corpus leaves it blank for unquantized checkpoints: their own dtype
-            row.precision = "fp8" if getattr(get_model(name), "quantization", None) == "fp8" else "bf16"
+        spec = get_model(name)
+        shipped = SHIPPED_EXPERTS.get(spec.expert_quantization or "")
+        if not row.precision or (shipped and row.precision == shipped):
+            # blank: an unquantized checkpoint in its own dtype; the experts' 4-bit format the
+            # checkpoint ships (SHIPPED_EXPERTS): the checkpoint as shipped
+            row.precision = "fp8" if getattr(spec, "quantization", None) == "fp8" else "bf16"
+        elif shipped:
+            row.skip = (f"precision {row.precision}: {row.model} ships {spec.expert_quantization} experts "
+                        f"(priced as shipped, precision {shipped})")
+            continue
+        if not row.expert_parallel and row.data_parallel > 1 and not spec.num_experts:
+            row.skip = f"attention data parallel {row.data_parallel} on a dense model: independent engines"
+            continue
+        if row.expert_parallel and not spec.num_experts:
+            row.skip = "expert parallel on a dense model"
+            continue
         if row.precision not in PRECISIONS:
             row.skip = f"precision {row.precision}: cbsim prices bf16 and fp8"
             continue
@@ -242,22 +287,42 @@ def classify(rows: list[Row]) -> None:
             block = fp8_quant_mode(config) == "fp8_block" or row.gemm_quant == "fp8_block"
             row.fp8_scaling = "block" if block else "tensor"
         row.gpu, row.config, row.policy = gpu, path, policy
+        row.moe_path, row.mla = moe_path(spec, row), bool(spec.is_mla)
+
+
+def moe_path(spec, row: Row) -> bool:
+    """Whether the row's table is composed by ``calib.sources.kernel_db_moe`` (as ``cbsim calibrate
+    --from-kernel-db`` chooses, ``kernel_db_moe.takes``): an MLA model, 4-bit experts, or a layout
+    beyond tensor parallelism. Every other row keeps the dense path's table, key and cache."""
+    return bool(spec.is_mla or spec.expert_quantization or row.data_parallel > 1 or row.expert_parallel)
 
 
 # ------------------------------------------------------------------------------------------------
 # tables: one per (GPU, model, TP, precision, engine), cached by the code that composes them
 # ------------------------------------------------------------------------------------------------
-def code_hash() -> str:
-    """Changes whenever the composition or the simulator's pricing could: the cache's key."""
+def code_hash(moe: bool = False) -> str:
+    """Changes whenever the composition or the simulator's pricing could: the cache's key. The
+    tables of ``kernel_db_moe`` (``moe``) hash that module too, so the dense tables' key stays put."""
     h = hashlib.sha256()
     for rel in ("calib/sources/kernel_db.py", "sim/latency/table.py", "sim/latency/engine_cpu.py"):
         h.update((ROOT / rel).read_bytes())
+    if moe:
+        h.update((ROOT / "calib/sources/kernel_db_moe.py").read_bytes())
+        h.update(repr(MLA_BLOCK_SIZE).encode())
     return h.hexdigest()[:12]
 
 
+# FlashMLA's paged KV cache has 64-token blocks (vLLM's MLA backends require 64; the mla_rows bench
+# ran SGLang and TRT-LLM the same): the MLA tables and scenarios use that block size
+MLA_BLOCK_SIZE = 64
+
+
 def table_dir(key: tuple, digest: str) -> Path:
-    gpu, config, tp, precision, engine, scaling = key
+    gpu, config, tp, precision, engine, scaling = key[:6]
     slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
+    if len(key) > 6:  # kernel_db_moe: the layout beyond TP
+        dp, ep = key[6:]
+        slug += f"-dp{dp}" + ("-ep" if ep else "")
     return CACHE / digest / slug
 
 
@@ -267,13 +332,20 @@ def build_one(args) -> tuple[tuple, str, str]:
     out = table_dir(key, digest)
     if (out / "metadata.json").is_file():
         return key, str(out), ""
+    from calib.sources import kernel_db_moe
     from calib.sources.kernel_db import build_table
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
-    gpu, config, tp, precision, engine, scaling = key
+    gpu, config, tp, precision, engine, scaling = key[:6]
     try:
-        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
+        if len(key) > 6:
+            dp, ep = key[6:]
+            block = MLA_BLOCK_SIZE if _is_mla(config) else 16
+            comp = kernel_db_moe.build_table(config, gpu, kernel_db_moe.Layout(tp, dp, ep), dtype=precision,
+                                             engine=engine, block_size=block)
+        else:
+            comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]
@@ -283,10 +355,35 @@ def build_one(args) -> tuple[tuple, str, str]:
     return key, str(out), ""
 
 
+def _is_mla(config: str) -> bool:
+    from sim.hardware.models import get_model
+
+    return bool(get_model(config).is_mla)
+
+
 # ------------------------------------------------------------------------------------------------
 # one row, closed-loop
 # ------------------------------------------------------------------------------------------------
 def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
+    sc = _scenario(row, table, rounds, send_gap_s)
+    if row.moe_path:
+        # the layout beyond TP, and what bench/mla_rows.py ran these rows with: FlashMLA's 64-token
+        # blocks for MLA, and a TensorRT-LLM token budget of max(8192, prompt + clients). At its
+        # default 8192 with chunking off an 8192-token context enters only an empty step, which
+        # serialises those rows (attention DP 8 + EP 8 was then 1009 % off on TTFT); the corpus does
+        # not record what its runs set. The dense rows keep the engines' defaults (their published
+        # results); docs/models-2026.md gives the difference.
+        hw = sc["hardware"]
+        hw.update(data_parallel=row.data_parallel, expert_parallel=row.expert_parallel,
+                  count=row.tp * row.data_parallel)
+        if row.mla:
+            sc["engine"]["block_size"] = MLA_BLOCK_SIZE
+        if row.engine == "trtllm":
+            sc["engine"]["max_num_batched_tokens"] = max(8192, row.isl + row.concurrency)
+    return sc
+
+
+def _scenario(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
     return {
         "name": f"silicon-{row.id}",
         "seed": 0,
@@ -542,11 +639,11 @@ def main(argv=None) -> int:
     rows = select(read_rows(), args.only)
     classify(rows)
     priced = [r for r in rows if not r.skip]
-    digest = code_hash()
-    keys = sorted({r.table_key for r in priced})
+    digests = {False: code_hash(), True: code_hash(moe=True)}
+    keys = sorted({r.table_key for r in priced}, key=str)
     tables: dict[tuple, str] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        for key, folder, err in pool.map(build_one, [(k, digest) for k in keys]):
+        for key, folder, err in pool.map(build_one, [(k, digests[len(k) > 6]) for k in keys]):
             if err:
                 for r in priced:
                     if r.table_key == key:

@@ -10,13 +10,18 @@ mean TTFT and TPOT. The corpus is a judge: nothing in cbsim is fitted to it.
 
 For every row cbsim can price (:func:`classify` says why the others are skipped), the bench builds
 (and caches under ``bench/.cache/silicon/``, gitignored) one kernel-db table per (GPU, model, TP,
-precision, engine, kernel-database version), simulates the row closed-loop
+precision, engine, kernel-database version) -- and, for the MLA and MoE models of issue #30
+(DeepSeek-V3/R1, Kimi-K2.5, gpt-oss-120b) and every row with expert parallelism or attention data
+parallelism, per parallel layout, composed by ``calib.sources.kernel_db_moe`` as ``cbsim calibrate
+--from-kernel-db --data-parallel D --expert-parallel`` does (:func:`_layout_skip` says which layouts
+are one replica) -- simulates the row closed-loop
 (``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
 limits, ``--rounds`` requests per client, the clients' phases as ``--phase`` says (default: each
 client's first send a seeded uniform draw over one cycle, the steady state of a long benchmark whose
 clients jitter; :data:`PHASE`), and reports the signed error of mean TTFT and mean TPOT per row, and
-per (GPU, engine, model) group, and per group and TP degree (issue #29's bounds are per TP degree;
-also in ``--json`` as ``groups_by_layout``), the median and p90 of |error| and the median signed error.
+per (GPU, engine, model) group, and per group and parallel layout (``tp8``, ``tp8 ep8``, ``tp1 dp8
+ep8``: issue #29's bounds are per TP degree, issue #30's per layout; also in ``--json`` as
+``groups_by_layout``), the median and p90 of |error| and the median signed error.
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
@@ -312,8 +317,8 @@ def code_hash(moe: bool = False) -> str:
     return h.hexdigest()[:12]
 
 
-# FlashMLA's paged KV cache has 64-token blocks (vLLM's MLA backends require 64; the mla_rows bench
-# ran SGLang and TRT-LLM the same): the MLA tables and scenarios use that block size
+# FlashMLA's paged KV cache has 64-token blocks (vLLM's MLA backends require 64; SGLang and TRT-LLM
+# rows are run the same, as docs/models-2026.md's first replay did): the MLA tables and scenarios use it
 MLA_BLOCK_SIZE = 64
 
 
@@ -367,8 +372,8 @@ def _is_mla(config: str) -> bool:
 def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
     sc = _scenario(row, table, rounds, send_gap_s)
     if row.moe_path:
-        # the layout beyond TP, and what bench/mla_rows.py ran these rows with: FlashMLA's 64-token
-        # blocks for MLA, and a TensorRT-LLM token budget of max(8192, prompt + clients). At its
+        # the layout beyond TP, and what docs/models-2026.md's replay ran these rows with: FlashMLA's
+        # 64-token blocks for MLA, and a TensorRT-LLM token budget of max(8192, prompt + clients). At its
         # default 8192 with chunking off an 8192-token context enters only an empty step, which
         # serialises those rows (attention DP 8 + EP 8 was then 1009 % off on TTFT); the corpus does
         # not record what its runs set. The dense rows keep the engines' defaults (their published
@@ -534,7 +539,7 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
         t, p = e["ttft"], e["tpot"]
         print(f"{g:58s} {e['rows']:4d}  {t['median_abs']:14.1%} {t['p90_abs']:7.1%} {t['median_signed']:+7.1%}  "
               f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
-    print(f"\n{'per parallel layout (group, TP degree)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} "
+    print(f"\n{'per parallel layout (group, TP/DP/EP)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} "
           f"{'signed':>7s}  {'TPOT |err| med':>14s} {'p90':>7s} {'signed':>7s}")
     for g, e in groups(results, by_layout=True).items():
         t, p = e["ttft"], e["tpot"]

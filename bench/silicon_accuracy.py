@@ -148,11 +148,18 @@ class Row:
     expert_parallel: bool = False
     moe_path: bool = False  # composed by calib.sources.kernel_db_moe (MLA, 4-bit experts, DP or EP)
     mla: bool = False  # multi-head latent attention (FlashMLA's 64-token blocks)
+    mtp: bool = False  # --mtp: this row runs speculative.method mtp (a sensitivity)
 
     @property
     def table_key(self) -> tuple:
         key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
         return key + (self.data_parallel, self.expert_parallel) if self.moe_path else key
+
+    @property
+    def mtp_key(self) -> tuple:
+        """The MTP layer's table (``--mtp``): the row's layout, ``kernel_db_mtp``."""
+        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling,
+                self.data_parallel, self.expert_parallel, "mtp")
 
     @property
     def config_name(self) -> str:
@@ -305,7 +312,7 @@ def moe_path(spec, row: Row) -> bool:
 # ------------------------------------------------------------------------------------------------
 # tables: one per (GPU, model, TP, precision, engine), cached by the code that composes them
 # ------------------------------------------------------------------------------------------------
-def code_hash(moe: bool = False) -> str:
+def code_hash(moe: bool = False, mtp: bool = False) -> str:
     """Changes whenever the composition or the simulator's pricing could: the cache's key. The
     tables of ``kernel_db_moe`` (``moe``) hash that module too, so the dense tables' key stays put."""
     h = hashlib.sha256()
@@ -314,6 +321,8 @@ def code_hash(moe: bool = False) -> str:
     if moe:
         h.update((ROOT / "calib/sources/kernel_db_moe.py").read_bytes())
         h.update(repr(MLA_BLOCK_SIZE).encode())
+    if mtp:
+        h.update((ROOT / "calib/sources/kernel_db_mtp.py").read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -326,8 +335,8 @@ def table_dir(key: tuple, digest: str) -> Path:
     gpu, config, tp, precision, engine, scaling = key[:6]
     slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
     if len(key) > 6:  # kernel_db_moe: the layout beyond TP
-        dp, ep = key[6:]
-        slug += f"-dp{dp}" + ("-ep" if ep else "")
+        dp, ep = key[6:8]
+        slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if key[8:] == ("mtp",) else "")
     return CACHE / digest / slug
 
 
@@ -345,10 +354,15 @@ def build_one(args) -> tuple[tuple, str, str]:
     gpu, config, tp, precision, engine, scaling = key[:6]
     try:
         if len(key) > 6:
-            dp, ep = key[6:]
+            dp, ep = key[6:8]
             block = MLA_BLOCK_SIZE if _is_mla(config) else 16
-            comp = kernel_db_moe.build_table(config, gpu, kernel_db_moe.Layout(tp, dp, ep), dtype=precision,
-                                             engine=engine, block_size=block)
+            build = kernel_db_moe.build_table
+            if key[8:] == ("mtp",):  # --mtp: the MTP layer's own table, in the row's layout
+                from calib.sources import kernel_db_mtp
+
+                build = kernel_db_mtp.build_table
+            comp = build(config, gpu, kernel_db_moe.Layout(tp, dp, ep), dtype=precision, engine=engine,
+                         block_size=block)
         else:
             comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
@@ -360,6 +374,37 @@ def build_one(args) -> tuple[tuple, str, str]:
     return key, str(out), ""
 
 
+# policies whose speculative decoding runs an MTP layer (policies/sglang.py NEXTN, policies/trtllm.py
+# MTPDecodingConfig, vLLM's deepseek_mtp)
+MTP_POLICIES = ("sglang", "trtllm", "vllm-v1")
+
+
+def mtp_section(text: str | None) -> dict | None:
+    """``--mtp K:RATE`` as a policy's speculative section (the draft table added per row)."""
+    if text is None:
+        return None
+    try:
+        k, rate = text.split(":")
+        k, rate = int(k), float(rate)
+    except ValueError:
+        raise SystemExit(f"--mtp {text!r}: give K:RATE, drafts per step and their acceptance, "
+                         f"e.g. --mtp 1:0.85") from None
+    if k < 1 or not 0.0 <= rate <= 1.0:
+        raise SystemExit(f"--mtp {text!r}: K must be at least 1 and RATE within [0, 1]")
+    return {"method": "mtp", "num_speculative_tokens": k, "acceptance": {"rate": rate}}
+
+
+def _has_mtp(config: str) -> bool:
+    from sim.hardware.models import get_model
+
+    return bool(get_model({"hf_config": config}).mtp_layers)
+
+
+def _digest(key: tuple) -> str:
+    """The cache digest of a table key: the dense path's, kernel_db_moe's, or the MTP layer's."""
+    return code_hash(moe=len(key) > 6, mtp=key[8:] == ("mtp",))
+
+
 def _is_mla(config: str) -> bool:
     from sim.hardware.models import get_model
 
@@ -369,8 +414,10 @@ def _is_mla(config: str) -> bool:
 # ------------------------------------------------------------------------------------------------
 # one row, closed-loop
 # ------------------------------------------------------------------------------------------------
-def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
+def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec: dict | None = None) -> dict:
     sc = _scenario(row, table, rounds, send_gap_s)
+    if spec is not None:  # --mtp: a sensitivity, never the row's own result (the corpus does not say MTP)
+        sc["policies"][0]["speculative"] = spec
     if row.moe_path:
         # the layout beyond TP, and what docs/models-2026.md's replay ran these rows with: FlashMLA's
         # 64-token blocks for MLA, and a TensorRT-LLM token budget of max(8192, prompt + clients). At its
@@ -442,7 +489,8 @@ def simulate(args) -> Result:
     even``) and the means are over the requests sent after the ramp. ``random``: the same, each
     client's first send a seeded uniform draw over the cycle (``start: random``; :data:`PHASE`).
     """
-    row, table, rounds, send_gap_s, phases = args
+    row, table, rounds, send_gap_s, phases = args[:5]
+    spec = args[5] if len(args) > 5 else None  # --mtp: the policy's speculative section
     import warnings
 
     import sim
@@ -453,12 +501,12 @@ def simulate(args) -> Result:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
+            pilot = sim.run(scenario_of(row, table, rounds, send_gap_s, spec)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
             e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
             for phase in ("spread", "random"):
                 if phase in phases:
-                    sc = scenario_of(row, table, rounds + 1, 0.0)
+                    sc = scenario_of(row, table, rounds + 1, 0.0, spec)
                     sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
                     sc["workload"]["arrival"]["start"] = "even" if phase == "spread" else "random"
                     out[phase] = _means(sim.run(sc).requests, after_s=e2e)
@@ -627,6 +675,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-phases", action="store_true",
                     help="also simulate every other --phase variant and print each one's group errors")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--mtp", default=None, metavar="K:RATE",
+                    help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
+                         "speculative.method mtp with K drafts accepted at RATE, the drafter on the MTP "
+                         "layer's own kernel-db table (the corpus does not say which rows ran MTP)")
     ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
     ap.add_argument("--stamp", type=Path, action="append", default=[],
                     help="a kernel-db table folder whose metadata.json gets its GPU's corpus error (repeatable)")
@@ -644,14 +696,17 @@ def main(argv=None) -> int:
     rows = select(read_rows(), args.only)
     classify(rows)
     priced = [r for r in rows if not r.skip]
-    digests = {False: code_hash(), True: code_hash(moe=True)}
-    keys = sorted({r.table_key for r in priced}, key=str)
+    spec = mtp_section(args.mtp)
+    if spec is not None:
+        for r in priced:
+            r.mtp = r.mla and r.policy in MTP_POLICIES and _has_mtp(r.config)
+    keys = sorted({k for r in priced for k in (r.table_key, *([r.mtp_key] if r.mtp else []))}, key=str)
     tables: dict[tuple, str] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        for key, folder, err in pool.map(build_one, [(k, digests[len(k) > 6]) for k in keys]):
+        for key, folder, err in pool.map(build_one, [(k, _digest(k)) for k in keys]):
             if err:
                 for r in priced:
-                    if r.table_key == key:
+                    if key in (r.table_key, r.mtp_key if r.mtp else None):
                         r.skip = f"kernel database: {err}"
             else:
                 tables[key] = folder
@@ -660,7 +715,8 @@ def main(argv=None) -> int:
         # longest first, so the pool's last task is a short one
         priced.sort(key=lambda r: -(r.concurrency * args.rounds * (r.osl + 1)))
         phases = [args.phase] + [p for p in (PHASES if args.compare_phases else ()) if p != args.phase]
-        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases) for r in priced]
+        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases,
+                 {**spec, "draft_table": tables[r.mtp_key]} if r.mtp else None) for r in priced]
         results = list(pool.map(simulate, work, chunksize=1))
     wall = time.perf_counter() - t0
     print_report(rows, results, args.verbose)
@@ -669,7 +725,7 @@ def main(argv=None) -> int:
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
           f"{args.workers} workers")
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
-              "phase": args.phase, "wall_s": wall,
+              "phase": args.phase, "wall_s": wall, "mtp": args.mtp,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),
               "groups_by_layout": groups(results, by_layout=True)}

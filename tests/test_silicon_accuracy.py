@@ -195,3 +195,23 @@ def test_random_and_spread_phases_place_the_first_sends_over_one_pilot_cycle(mon
     assert even["start"] == "even" and even["ramp_s"] == 2.0
     assert res.ttft_err == pytest.approx(0.0) and res.extra["phases"]["spread"]["ttft_err"] == pytest.approx(-0.5)
     assert res.extra["phases"]["wave"]["ttft_err"] == pytest.approx(4.0)
+
+
+def test_mtp_sensitivity_runs_the_rows_policy_with_the_mtp_layers_own_table():
+    """``--mtp K:RATE`` (a sensitivity, never the row's result): the policy gets speculative.method mtp,
+    the drafter's table is the MTP layer's in the row's own layout (its own cache folder)."""
+    from bench.silicon_accuracy import classify, mtp_section, scenario_of, table_dir
+
+    assert mtp_section(None) is None
+    assert mtp_section("2:0.8") == {"method": "mtp", "num_speculative_tokens": 2, "acceptance": {"rate": 0.8}}
+    for bad in ("2", "x:0.8", "0:0.5", "1:1.5"):
+        with pytest.raises(SystemExit, match="--mtp"):
+            mtp_section(bad)
+    row = _row(engine="trtllm", model="deepseek-ai/DeepSeek-R1", tp=1, data_parallel=8, expert_parallel=True)
+    classify([row])
+    assert row.mtp_key == row.table_key + ("mtp",)
+    assert table_dir(row.mtp_key, "d").name == table_dir(row.table_key, "d").name + "-mtp"
+    spec = {**mtp_section("1:0.85"), "draft_table": "mtp-table"}
+    sc = scenario_of(row, "t", 4, spec=spec)
+    assert sc["policies"] == [{"name": "trtllm", "speculative": spec}]
+    assert scenario_of(row, "t", 4)["policies"] == [{"name": "trtllm"}]

@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -208,10 +209,22 @@ def _row(r) -> Row:
     precision = _text(r.precision) or _text(r.gemm_quant_mode)
     row = Row(id=r.id, engine=r.backend, version=_text(r.backend_version), model=r.model_path, system=r.system,
               precision=precision, tp=int(_num(r.tp_size, 0) or 0), isl=int(r.isl), osl=int(r.osl),
-              concurrency=int(_num(r.batch_size, 0) or 0), ttft_ms=float(r.silicon_ttft_ms),
+              concurrency=_concurrency(r), ttft_ms=float(r.silicon_ttft_ms),
               tpot_ms=float(r.silicon_tpot_ms), gemm_quant=_text(r.gemm_quant_mode))
     row.skip = _layout_skip(r, row)
     return row
+
+
+def _concurrency(r) -> int:
+    """The benchmark client's concurrency: ``silicon_concurrency`` where the row's data source names
+    it, else ``batch_size`` x ``attention_dp_size``. Under attention DP the corpus' ``batch_size`` is
+    per rank (H200 TRT-LLM DeepSeek-R1, tp 1 dp 8: batch_size 32 with silicon_concurrency=256; 168 of
+    the 169 aggregated attention-DP rows have silicon_concurrency = batch_size x dp); on every
+    priced row without attention DP the two are equal."""
+    m = re.search(r"silicon_concurrency=(\d+)", _text(getattr(r, "silicon_data_source", "")))
+    if m:
+        return int(m.group(1))
+    return int(_num(r.batch_size, 0) or 0) * int(_num(getattr(r, "attention_dp_size", 1), 1) or 1)
 
 
 def _layout_skip(r, row: Row) -> str:

@@ -215,3 +215,16 @@ def test_mtp_sensitivity_runs_the_rows_policy_with_the_mtp_layers_own_table():
     sc = scenario_of(row, "t", 4, spec=spec)
     assert sc["policies"] == [{"name": "trtllm", "speculative": spec}]
     assert scenario_of(row, "t", 4)["policies"] == [{"name": "trtllm"}]
+
+
+def test_the_clients_concurrency_is_the_data_sources_or_every_dp_ranks_batch():
+    """Under attention DP the corpus' batch_size is per rank: the client ran silicon_concurrency."""
+    from types import SimpleNamespace
+
+    from bench.silicon_accuracy import _concurrency
+
+    src = "db-dump/2026-04-27; config_id=1; silicon_concurrency=256; measured=2026-03-25"
+    assert _concurrency(SimpleNamespace(silicon_data_source=src, batch_size=32.0, attention_dp_size=8.0)) == 256
+    assert _concurrency(SimpleNamespace(silicon_data_source="db-dump", batch_size=32.0, attention_dp_size=8.0)) == 256
+    assert _concurrency(SimpleNamespace(silicon_data_source=float("nan"), batch_size=16.0,
+                                        attention_dp_size=float("nan"))) == 16

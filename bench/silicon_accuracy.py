@@ -108,8 +108,45 @@ SEND_GAP_MS = 1.0
 #   ``--warmup-request-count``; ``vllm bench serve --max-concurrency``, which averages every request
 #   after its one test prompt) -- but the simulated clients stay in waves: the high end;
 # * ``warm``: the ``wave`` run without the opening wave -- still waves (the loop keeps them).
-PHASES = ("random", "spread", "wave", "warm")
+# * ``opening``: what the tools measure when they count every request (no warm-up) and the clients'
+#   phases diffuse after the opening wave: the mean over ``OPENING_ROUNDS`` requests per client of
+#   the opening wave's first round (the pilot ``wave`` run's first N requests) and ``OPENING_ROUNDS
+#   - 1`` rounds at the ``random`` steady state (:func:`opening_means`). Why (docs/accuracy-corpus.md,
+#   limits): the corpus' mean TTFT grows with the clients as an opening wave shared over ~10 rounds
+#   does, and lies far below any steady state of clusters that persist (H200 70B TP 2, 64 clients:
+#   929 ms in cbsim's cluster-locked loop against 417 ms measured over the whole run).
+PHASES = ("random", "spread", "wave", "warm", "opening")
 PHASE = "random"
+# Which all-reduce kernel a row's table prices (calib/sources/kernel_db_comm.py). AIConfigurator prices
+# its custom rows; TensorRT-LLM falls back to NCCL when its topology check fails
+# (cpp/tensorrt_llm/thop/allreduceOp.cpp, ifFallbackToNCCL). The corpus' TensorRT-LLM 1.0.0rc3
+# collection (H100: Qwen3-32B and Llama-3.1-8B, TP 1-8) measures decode steps whose excess over the
+# custom-kernel tables grows with the TP degree as NCCL's rows do, on both models: chosen on either
+# one, NCCL also cuts the other's TP 2-8 TPOT error (docs/trtllm.md, "--allreduce"). The newer
+# TensorRT-LLM rows were not judged this way and keep the custom kernel.
+ALLREDUCE = "auto"  # auto: NCCL for TensorRT-LLM 1.0 rows, the custom kernel otherwise
+NCCL_VERSIONS = {"trtllm": ("1.0",)}
+
+
+def allreduce_of(row: Row, choice: str = ALLREDUCE) -> str:
+    """The all-reduce kernel a row's table prices under ``--allreduce choice``."""
+    if choice != "auto":
+        return choice
+    prefixes = NCCL_VERSIONS.get(row.engine, ())
+    return "nccl" if row.tp > 1 and any(row.version.startswith(v + ".") for v in prefixes) else "custom"
+# Requests per client the ``opening`` variant assumes the benchmark sent (the one global parameter; its
+# leave-one-model-out check is bench/opening_lomo.py). 10 is the tools' own convention where it is
+# written down: ai-dynamo/dynamo benchmarks/llm/perf.sh (--request-count 10N), InferenceMAX
+# (--num-prompts 10 x concurrency); the corpus does not say which its collector used.
+OPENING_ROUNDS = 10
+
+
+def opening_means(first: tuple[float, float], steady: tuple[float, float],
+                  rounds: int) -> tuple[float, float]:
+    """Mean TTFT and TPOT over ``rounds`` requests per client: the opening wave's round (``first``)
+    and ``rounds - 1`` rounds at ``steady``. Each client sends one request per round, so every round
+    weighs the same."""
+    return tuple((f + (rounds - 1) * s) / rounds for f, s in zip(first, steady))
 
 
 def corpus_path() -> Path:
@@ -143,6 +180,7 @@ class Row:
     policy: str = ""
 
     fp8_scaling: str | None = None  # 'block' or 'tensor' for fp8 rows (classify)
+    allreduce: str = "custom"  # the all-reduce kernel its table prices (allreduce_of)
     # the layout beyond TP as the row runs it: attention data-parallel ranks, experts expert-parallel
     # over tp x dp GPUs (the corpus' moe_ep_size) or tensor-parallel over them (:func:`_layout_skip`)
     data_parallel: int = 1
@@ -153,14 +191,15 @@ class Row:
 
     @property
     def table_key(self) -> tuple:
-        key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
-        return key + (self.data_parallel, self.expert_parallel) if self.moe_path else key
+        """The dense path's (GPU, config, TP, precision, engine, fp8 scaling, all-reduce), and for the
+        kernel_db_moe path ("moe", data_parallel, expert_parallel) after it (:func:`moe_part`)."""
+        key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
+        return key + ("moe", self.data_parallel, self.expert_parallel) if self.moe_path else key
 
     @property
     def mtp_key(self) -> tuple:
         """The MTP layer's table (``--mtp``): the row's layout, ``kernel_db_mtp``."""
-        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling,
-                self.data_parallel, self.expert_parallel, "mtp")
+        return self.table_key[:7] + ("moe", self.data_parallel, self.expert_parallel, "mtp")
 
     @property
     def config_name(self) -> str:
@@ -252,8 +291,8 @@ def _layout_skip(r, row: Row) -> str:
     return ""
 
 
-def classify(rows: list[Row]) -> None:
-    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` on each row."""
+def classify(rows: list[Row], allreduce: str = ALLREDUCE) -> None:
+    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` and ``allreduce`` on each row."""
     from calib.sources.kernel_db import GPU_SYSTEMS, fp8_quant_mode
     from policies.registry import POLICIES
     from sim.errors import CbsimError
@@ -312,7 +351,11 @@ def classify(rows: list[Row]) -> None:
             block = fp8_quant_mode(config) == "fp8_block" or row.gemm_quant == "fp8_block"
             row.fp8_scaling = "block" if block else "tensor"
         row.gpu, row.config, row.policy = gpu, path, policy
+        row.allreduce = allreduce_of(row, allreduce)
         row.moe_path, row.mla = moe_path(spec, row), bool(spec.is_mla)
+        if row.moe_path and row.allreduce != "custom":
+            row.skip = (f"all-reduce {row.allreduce}: the MLA / MoE composition (calib/sources/kernel_db_moe.py) "
+                        f"prices the database's custom all-reduce only")
 
 
 def moe_path(spec, row: Row) -> bool:
@@ -322,6 +365,13 @@ def moe_path(spec, row: Row) -> bool:
     return bool(spec.is_mla or spec.expert_quantization or row.data_parallel > 1 or row.expert_parallel)
 
 
+def moe_part(key: tuple) -> tuple[int, bool, bool] | None:
+    """(data_parallel, expert_parallel, the MTP layer's table) of a kernel_db_moe key, None for a dense one."""
+    if len(key) > 7 and key[7] == "moe":
+        return key[8], key[9], key[10:] == ("mtp",)
+    return None
+
+
 # ------------------------------------------------------------------------------------------------
 # tables: one per (GPU, model, TP, precision, engine), cached by the code that composes them
 # ------------------------------------------------------------------------------------------------
@@ -329,7 +379,8 @@ def code_hash(moe: bool = False, mtp: bool = False) -> str:
     """Changes whenever the composition or the simulator's pricing could: the cache's key. The
     tables of ``kernel_db_moe`` (``moe``) hash that module too, so the dense tables' key stays put."""
     h = hashlib.sha256()
-    for rel in ("calib/sources/kernel_db.py", "sim/latency/table.py", "sim/latency/engine_cpu.py"):
+    for rel in ("calib/sources/kernel_db.py", "calib/sources/kernel_db_comm.py", "sim/latency/table.py",
+                "sim/latency/engine_cpu.py"):
         h.update((ROOT / rel).read_bytes())
     if moe:
         h.update((ROOT / "calib/sources/kernel_db_moe.py").read_bytes())
@@ -345,11 +396,13 @@ MLA_BLOCK_SIZE = 64
 
 
 def table_dir(key: tuple, digest: str) -> Path:
-    gpu, config, tp, precision, engine, scaling = key[:6]
-    slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
-    if len(key) > 6:  # kernel_db_moe: the layout beyond TP
-        dp, ep = key[6:8]
-        slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if key[8:] == ("mtp",) else "")
+    gpu, config, tp, precision, engine, scaling, allreduce = key[:7]
+    slug = (f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
+            + ("-nccl" if allreduce == "nccl" else ""))
+    moe = moe_part(key)
+    if moe is not None:  # kernel_db_moe: the layout beyond TP
+        dp, ep, mtp = moe
+        slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if mtp else "")
     return CACHE / digest / slug
 
 
@@ -364,20 +417,22 @@ def build_one(args) -> tuple[tuple, str, str]:
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
-    gpu, config, tp, precision, engine, scaling = key[:6]
+    gpu, config, tp, precision, engine, scaling, allreduce = key[:7]
+    moe = moe_part(key)
     try:
-        if len(key) > 6:
-            dp, ep = key[6:8]
+        if moe is not None:
+            dp, ep, mtp = moe
             block = MLA_BLOCK_SIZE if _is_mla(config) else 16
             build = kernel_db_moe.build_table
-            if key[8:] == ("mtp",):  # --mtp: the MTP layer's own table, in the row's layout
+            if mtp:  # --mtp: the MTP layer's own table, in the row's layout
                 from calib.sources import kernel_db_mtp
 
                 build = kernel_db_mtp.build_table
             comp = build(config, gpu, kernel_db_moe.Layout(tp, dp, ep), dtype=precision, engine=engine,
                          block_size=block)
         else:
-            comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
+            comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
+                               allreduce=allreduce)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]
@@ -415,7 +470,8 @@ def _has_mtp(config: str) -> bool:
 
 def _digest(key: tuple) -> str:
     """The cache digest of a table key: the dense path's, kernel_db_moe's, or the MTP layer's."""
-    return code_hash(moe=len(key) > 6, mtp=key[8:] == ("mtp",))
+    moe = moe_part(key)
+    return code_hash(moe=moe is not None, mtp=bool(moe and moe[2]))
 
 
 def _is_mla(config: str) -> bool:
@@ -501,6 +557,9 @@ def simulate(args) -> Result:
     clients' first sends are then spread evenly over that one cycle (``ramp_s`` = E2E, ``start:
     even``) and the means are over the requests sent after the ramp. ``random``: the same, each
     client's first send a seeded uniform draw over the cycle (``start: random``; :data:`PHASE`).
+    ``opening``: the pilot's first round (its first N sends) as one of :data:`OPENING_ROUNDS` rounds,
+    the ``random`` run's means as the others (:func:`opening_means`). Every row's ``extra`` keeps the
+    pieces (``first_round``, ``warm_steady``, ``random_steady`` when run) for bench/opening_lomo.py.
     """
     row, table, rounds, send_gap_s, phases = args[:5]
     spec = args[5] if len(args) > 5 else None  # --mtp: the policy's speculative section
@@ -517,13 +576,19 @@ def simulate(args) -> Result:
             pilot = sim.run(scenario_of(row, table, rounds, send_gap_s, spec)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
             e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
+            first = _means(pilot.sort_values("arrival_s").iloc[:row.concurrency])
+            res.extra["first_round"] = {"ttft_ms": first[0], "tpot_ms": first[1]}
+            res.extra["warm_steady"] = {"ttft_ms": out["warm"][0], "tpot_ms": out["warm"][1]}
             for phase in ("spread", "random"):
-                if phase in phases:
+                if phase in phases or (phase == "random" and "opening" in phases):
                     sc = scenario_of(row, table, rounds + 1, 0.0, spec)
                     sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
                     sc["workload"]["arrival"]["start"] = "even" if phase == "spread" else "random"
                     out[phase] = _means(sim.run(sc).requests, after_s=e2e)
                     res.extra["ramp_s"] = e2e
+            if "opening" in phases:
+                res.extra["random_steady"] = {"ttft_ms": out["random"][0], "tpot_ms": out["random"][1]}
+                out["opening"] = opening_means(first, out["random"], OPENING_ROUNDS)
         res.sim_ttft_ms, res.sim_tpot_ms = out[phases[0]]
         res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
         res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
@@ -687,6 +752,9 @@ def main(argv=None) -> int:
                     help=f"how the clients' phases are set up and which requests the means count (default {PHASE})")
     ap.add_argument("--compare-phases", action="store_true",
                     help="also simulate every other --phase variant and print each one's group errors")
+    ap.add_argument("--allreduce", choices=("auto", "custom", "nccl"), default=ALLREDUCE,
+                    help="the all-reduce kernel the tables price (default auto: NCCL for TensorRT-LLM 1.0 rows, "
+                         "the database's custom kernel otherwise)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--mtp", default=None, metavar="K:RATE",
                     help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
@@ -707,7 +775,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     rows = select(read_rows(), args.only)
-    classify(rows)
+    classify(rows, args.allreduce)
     priced = [r for r in rows if not r.skip]
     spec = mtp_section(args.mtp)
     if spec is not None:

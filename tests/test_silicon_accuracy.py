@@ -40,6 +40,22 @@ def test_rows_are_priced_or_skipped_with_a_reason():
     assert rows["block"].fp8_scaling == "block"  # its config.json has weight_block_size
 
 
+def test_trtllm_1_0_rows_price_nccl_all_reduces_and_nothing_else_does():
+    """--allreduce auto: the TensorRT-LLM 1.0 collection's rows at TP > 1 (docs/trtllm.md); an explicit
+    choice applies to every row, and the kernel is part of the table's cache key."""
+    from bench.silicon_accuracy import allreduce_of, classify
+
+    trt = dict(engine="trtllm", model="Qwen/Qwen3-32B", system="h100_sxm")
+    rows = {"1.0": _row(version="1.0.0rc3", **trt), "tp1": _row(version="1.0.0rc3", tp=1, **trt),
+            "1.2": _row(version="1.2.0rc6.post1", **trt), "1.10": _row(version="1.10.0", **trt),
+            "vllm": _row()}
+    classify(list(rows.values()))
+    assert {k: r.allreduce for k, r in rows.items()} == {"1.0": "nccl", "tp1": "custom", "1.2": "custom",
+                                                          "1.10": "custom", "vllm": "custom"}
+    assert rows["1.0"].table_key[-1] == "nccl" and rows["1.2"].table_key[-1] == "custom"
+    assert allreduce_of(rows["vllm"], "nccl") == "nccl" and allreduce_of(rows["1.0"], "custom") == "custom"
+
+
 def test_layouts_cbsim_does_not_model_are_skipped_from_the_csv_row():
     from types import SimpleNamespace
 
@@ -95,7 +111,8 @@ def test_deepseek_gpt_oss_and_kimi_rows_are_priced_as_their_checkpoints_ship():
     classify(list(rows.values()))
     r1, ep, oss = rows["r1"], rows["ep"], rows["oss"]
     assert r1.skip == "" and r1.moe_path and r1.mla and r1.config_name == "deepseek-ai/DeepSeek-V3"
-    assert r1.table_key == ("h200", "deepseek-ai/DeepSeek-V3", 8, "fp8", "sglang", "block", 1, False)
+    assert r1.table_key == ("h200", "deepseek-ai/DeepSeek-V3", 8, "fp8", "sglang", "block", "custom",
+                            "moe", 1, False)
     assert oss.skip == "" and oss.precision == "bf16" and oss.moe_path and not oss.mla
     assert rows["kimi"].skip == "" and rows["kimi"].precision == "bf16" and rows["kimi"].mla
     assert rows["oss8"].skip == ("precision fp8: openai/gpt-oss-120b ships mxfp4 experts (priced as shipped, "
@@ -103,7 +120,7 @@ def test_deepseek_gpt_oss_and_kimi_rows_are_priced_as_their_checkpoints_ship():
     assert rows["nvfp4"].skip == "precision fp4: cbsim prices bf16 and fp8"
     assert "dense model" in rows["dense_dp"].skip
     dense = rows["dense"]
-    assert not dense.moe_path and len(dense.table_key) == 6  # the dense tables' key and cache, unchanged
+    assert not dense.moe_path and len(dense.table_key) == 7  # the dense tables' key and cache, unchanged
     assert code_hash(moe=True) != code_hash()
     assert table_dir(ep.table_key, "d").name == "trtllm-h200-deepseek-ai--DeepSeek-V3-tp1-fp8-block-dp8-ep"
     hw = scenario_of(ep, "t", 4)
@@ -197,6 +214,37 @@ def test_random_and_spread_phases_place_the_first_sends_over_one_pilot_cycle(mon
     assert res.extra["phases"]["wave"]["ttft_err"] == pytest.approx(4.0)
 
 
+def test_opening_weighs_the_opening_wave_as_one_round_of_R_and_the_rest_at_the_diffused_steady_state(monkeypatch):
+    """``opening``: the pilot's first N requests (by send time) are one round, the ``random`` run's
+    steady means the other R - 1: (first + (R - 1) x steady) / R, for TTFT and TPOT alike."""
+    import pandas as pd
+
+    import bench.silicon_accuracy as sa
+    import sim
+
+    def fake_run(scn):
+        a = scn["workload"]["arrival"]
+        n = scn["workload"]["num_requests"]
+        if a.get("start") is None:  # the pilot: its opening wave (sent first, listed last) 1 s TTFT
+            arrival = [float(i) for i in range(8, n)] + [0.0] * 8
+            ttft = [0.5] * (n - 8) + [1.0] * 8
+            tpot = [0.03] * (n - 8) + [0.02] * 8
+        else:
+            arrival = [i * 0.1 for i in range(n)]
+            ttft, tpot = [0.1] * n, [0.01] * n
+        frame = pd.DataFrame({"arrival_s": arrival, "e2e_s": [2.0] * n, "ttft_s": ttft, "tpot_s": tpot})
+        return type("R", (), {"requests": frame})()
+
+    monkeypatch.setattr(sim, "run", fake_run)
+    res = sa.simulate((_row(concurrency=8, ttft_ms=100.0, tpot_ms=10.0), "table", 4, 1e-3, ["opening"]))
+    r = sa.OPENING_ROUNDS
+    assert not res.error and r == 10
+    assert res.extra["first_round"] == pytest.approx({"ttft_ms": 1000.0, "tpot_ms": 20.0})
+    assert res.sim_ttft_ms == pytest.approx((1000.0 + (r - 1) * 100.0) / r)  # 190 ms
+    assert res.sim_tpot_ms == pytest.approx((20.0 + (r - 1) * 10.0) / r)  # 11 ms
+    assert sa.opening_means((1000.0, 20.0), (100.0, 10.0), 1) == pytest.approx((1000.0, 20.0))
+
+
 def test_mtp_sensitivity_runs_the_rows_policy_with_the_mtp_layers_own_table():
     """``--mtp K:RATE`` (a sensitivity, never the row's result): the policy gets speculative.method mtp,
     the drafter's table is the MTP layer's in the row's own layout (its own cache folder)."""
@@ -224,7 +272,10 @@ def test_the_clients_concurrency_is_the_data_sources_or_every_dp_ranks_batch():
     from bench.silicon_accuracy import _concurrency
 
     src = "db-dump/2026-04-27; config_id=1; silicon_concurrency=256; measured=2026-03-25"
-    assert _concurrency(SimpleNamespace(silicon_data_source=src, batch_size=32.0, attention_dp_size=8.0)) == 256
-    assert _concurrency(SimpleNamespace(silicon_data_source="db-dump", batch_size=32.0, attention_dp_size=8.0)) == 256
+    def csv(source, dp):
+        return SimpleNamespace(silicon_data_source=source, batch_size=32.0, attention_dp_size=dp)
+
+    assert _concurrency(csv(src, 8.0)) == 256
+    assert _concurrency(csv("db-dump", 8.0)) == 256
     assert _concurrency(SimpleNamespace(silicon_data_source=float("nan"), batch_size=16.0,
                                         attention_dp_size=float("nan"))) == 16

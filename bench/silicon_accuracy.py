@@ -281,7 +281,9 @@ def _layout_skip(r, row: Row) -> str:
     dp = int(_num(r.attention_dp_size, 1) or 1)
     ep = int(_num(r.moe_ep_size, 1) or 1)
     gpus = row.tp * dp
-    mtp = int(_num(getattr(r, "moe_tp_size", None), 0) or 0) or gpus // ep
+    # without expert parallelism the experts (if any: a dense model's rows carry moe_tp 1 at any tp)
+    # are tensor-parallel over the attention's GPUs, whatever moe_tp_size says
+    mtp = (int(_num(getattr(r, "moe_tp_size", None), 0) or 0) or gpus // ep) if ep > 1 else gpus
     if mtp * ep != gpus:
         return (f"moe_tp {mtp} x moe_ep {ep} != tp {row.tp} x attention_dp {dp}: the experts are not on "
                 f"the attention's GPUs (not one replica)")

@@ -279,3 +279,15 @@ def test_the_clients_concurrency_is_the_data_sources_or_every_dp_ranks_batch():
     assert _concurrency(csv("db-dump", 8.0)) == 256
     assert _concurrency(SimpleNamespace(silicon_data_source=float("nan"), batch_size=16.0,
                                         attention_dp_size=float("nan"))) == 16
+
+
+def test_a_dense_rows_moe_fields_do_not_skip_it():
+    """The corpus fills moe_tp_size 1 / moe_ep_size 1 (or 0) on dense rows at any TP: no layout check."""
+    from types import SimpleNamespace
+
+    from bench.silicon_accuracy import _layout_skip
+
+    for mtp, ep in ((1.0, 1.0), (0.0, 0.0), (float("nan"), float("nan"))):
+        row = _row(tp=4)
+        csv = SimpleNamespace(mode="agg", pp_size=1.0, attention_dp_size=1.0, moe_tp_size=mtp, moe_ep_size=ep)
+        assert _layout_skip(csv, row) == "" and row.layout == "tp4" and not row.expert_parallel

@@ -281,9 +281,10 @@ def _layout_skip(r, row: Row) -> str:
     dp = int(_num(r.attention_dp_size, 1) or 1)
     ep = int(_num(r.moe_ep_size, 1) or 1)
     gpus = row.tp * dp
-    # without expert parallelism the experts (if any: a dense model's rows carry moe_tp 1 at any tp)
-    # are tensor-parallel over the attention's GPUs, whatever moe_tp_size says
-    mtp = (int(_num(getattr(r, "moe_tp_size", None), 0) or 0) or gpus // ep) if ep > 1 else gpus
+    # without expert parallelism the experts are tensor-parallel over the attention's GPUs; a dense
+    # model's rows carry moe_tp 1 (or 0, or blank) at any tp, so only a moe_tp above 1 is checked
+    given = int(_num(getattr(r, "moe_tp_size", None), 0) or 0)
+    mtp = (given or gpus // ep) if ep > 1 else (given if given > 1 else gpus)
     if mtp * ep != gpus:
         return (f"moe_tp {mtp} x moe_ep {ep} != tp {row.tp} x attention_dp {dp}: the experts are not on "
                 f"the attention's GPUs (not one replica)")

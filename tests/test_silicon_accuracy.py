@@ -74,6 +74,8 @@ def test_layouts_cbsim_does_not_model_are_skipped_from_the_csv_row():
     assert _layout_skip(csv(moe_tp_size=8.0, moe_ep_size=8.0), _row(tp=64)) == (
         "experts both tensor- (8) and expert-parallel (8): not modelled")
     assert "not on the attention's GPUs" in _layout_skip(csv(moe_tp_size=4.0, moe_ep_size=2.0), _row(tp=4))
+    # the H200 vLLM Qwen3-235B rows at tp 1 with moe_tp 2: 235B of fp8 weights on 2 GPUs, not one
+    assert "moe_tp 2 x moe_ep 1 != tp 1" in _layout_skip(csv(moe_tp_size=2.0), _row(tp=1))
 
 
 def test_expert_and_attention_data_parallel_layouts_map_to_one_replica():

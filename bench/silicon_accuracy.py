@@ -319,6 +319,7 @@ class Result:
     tpot_err: float = float("nan")
     error: str = ""
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # the worker's CPU time on the row (what a loaded machine does not inflate)
     extra: dict = field(default_factory=dict)
 
 
@@ -328,6 +329,30 @@ def _means(req, after_s: float = -1.0, skip_first: int = 0) -> tuple[float, floa
     req = req.iloc[skip_first:]
     req = req[req["arrival_s"] >= after_s]
     return float(req["ttft_s"].mean()) * 1e3, float(req["tpot_s"].mean()) * 1e3
+
+
+def pilot_e2e(pilot, concurrency: int) -> float:
+    """A request's mean end-to-end time after the opening wave (the first ``concurrency`` sends) of a
+    ``wave`` run: the cycle over which ``random`` and ``spread`` place the clients' first sends."""
+    return float(pilot.sort_values("arrival_s").iloc[concurrency:]["e2e_s"].mean())
+
+
+def phased_scenario(row: Row, table: str, rounds: int, cycle_s: float, start: str) -> dict:
+    """The row with its clients' first sends placed over one cycle (``start``: random or even), one
+    round more than ``rounds`` (the first is the ramp, not measured)."""
+    sc = scenario_of(row, table, rounds + 1, 0.0)
+    sc["workload"]["arrival"].update(ramp_s=round(cycle_s, 9), start=start)
+    return sc
+
+
+def random_phase_run(row: Row, table: str, rounds: int, send_gap_s: float):
+    """The default phase's run of a row (its pilot first), and the send time from which its requests
+    are measured: what bench/engine_cpu_lomo.py stretches."""
+    import sim
+
+    pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
+    e2e = pilot_e2e(pilot, row.concurrency)
+    return sim.run(phased_scenario(row, table, rounds, e2e, "random")), e2e
 
 
 def simulate(args) -> Result:
@@ -346,19 +371,17 @@ def simulate(args) -> Result:
     import sim
     from sim.errors import CbsimError
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = Result(row.id, row.group, row.ttft_ms, row.tpot_ms, row.layout)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
-            e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
+            e2e = pilot_e2e(pilot, row.concurrency)
             for phase in ("spread", "random"):
                 if phase in phases:
-                    sc = scenario_of(row, table, rounds + 1, 0.0)
-                    sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
-                    sc["workload"]["arrival"]["start"] = "even" if phase == "spread" else "random"
+                    sc = phased_scenario(row, table, rounds, e2e, "even" if phase == "spread" else "random")
                     out[phase] = _means(sim.run(sc).requests, after_s=e2e)
                     res.extra["ramp_s"] = e2e
         res.sim_ttft_ms, res.sim_tpot_ms = out[phases[0]]
@@ -368,8 +391,145 @@ def simulate(args) -> Result:
                                for k, v in out.items() if k in phases}
     except CbsimError as exc:
         res.error = str(exc)[:200]
-    res.wall_s = time.perf_counter() - t0
+    res.wall_s, res.cpu_s = time.perf_counter() - t0, time.process_time() - c0
     return res
+
+
+# ------------------------------------------------------------------------------------------------
+# running many rows: longest first, each result kept as it lands, resumable
+# ------------------------------------------------------------------------------------------------
+COSTS = CACHE / "row_cpu_s.json"  # row id -> the CPU seconds its last simulation took (any code version)
+
+
+def cost_estimate(row: Row, rounds: int = ROUNDS, known: dict[str, float] | None = None) -> float:
+    """Seconds a row is expected to take: its last measured CPU time when one is known, else one
+    microsecond per decoded token (concurrency x rounds x output), the order of a vLLM row that
+    fast-forwards little. Only the order of the work depends on it, never a result."""
+    if known and row.id in known:
+        return known[row.id] * rounds / ROUNDS
+    return row.concurrency * rounds * (row.osl + 1) * 1e-6
+
+
+def known_costs() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(COSTS.read_text(encoding="utf-8")).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def remember_costs(results: list[Result], rounds: int) -> None:
+    """Fold the rows' measured CPU times into :data:`COSTS` (atomically: several runs share the cache)."""
+    costs = known_costs()
+    costs.update({r.id: round(r.cpu_s * ROUNDS / rounds, 3) for r in results if r.cpu_s > 0})
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = COSTS.with_name(COSTS.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(costs, sort_keys=True), encoding="utf-8")
+        tmp.rename(COSTS)
+    except OSError:
+        pass  # an unwritable cache costs only the ordering of the next run
+
+
+def longest_first(rows: list[Row], rounds: int = ROUNDS) -> list[Row]:
+    """The rows in the order a pool should take them: the longest first, so that the last task a
+    worker picks up is a short one and the workers end together."""
+    known = known_costs()
+    return sorted(rows, key=lambda r: (-cost_estimate(r, rounds, known), r.id))
+
+
+def results_digest() -> str:
+    """Changes whenever a row's result could: the simulator, the policies, the composition, this bench.
+    A partial or finished ``--json`` report is resumed only under the same digest."""
+    h = hashlib.sha256()
+    files = [ROOT / "bench" / "silicon_accuracy.py"]
+    for pkg in ("sim", "policies", "calib/sources"):
+        files += sorted((ROOT / pkg).rglob("*.py"))
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+class Partial:
+    """The ``--json`` report's rows as they land: one JSON line per row in ``OUT.partial`` after a
+    header line with the settings and the code's digest, appended and flushed per row, so a crash
+    or a kill loses no finished row. ``--resume`` takes the rows of an earlier partial or finished
+    report written under the same settings and digest instead of simulating them again."""
+
+    def __init__(self, out: Path, settings: dict, resume: bool) -> None:
+        self.path = partial_path(out)
+        self.header = {"settings": settings, "code": results_digest()}
+        self.done: dict[str, Result] = {}
+        if resume:
+            self.done = self._earlier(out)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(self.header) + "\n")
+            for r in self.done.values():
+                f.write(json.dumps(asdict(r), default=str) + "\n")
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def _earlier(self, out: Path) -> dict[str, Result]:
+        done: dict[str, Result] = {}
+        if out.is_file():  # a finished report
+            try:
+                report = json.loads(out.read_text(encoding="utf-8"))
+            except ValueError:
+                report = {}
+            if report.get("resume") == self.header:
+                done.update({d["id"]: Result(**d) for d in report.get("rows", [])})
+        if self.path.is_file():
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            if lines and _json_or_none(lines[0]) == self.header:
+                for line in lines[1:]:
+                    d = _json_or_none(line)  # a line cut short by a crash is simulated again
+                    if isinstance(d, dict) and "id" in d:
+                        done[d["id"]] = Result(**d)
+        return done
+
+    def add(self, res: Result) -> None:
+        self._f.write(json.dumps(asdict(res), default=str) + "\n")
+        self._f.flush()
+
+    def close(self, finished: bool) -> None:
+        self._f.close()
+        if finished:
+            self.path.unlink(missing_ok=True)
+
+
+def _json_or_none(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def run_rows(pool, work: list[tuple], on_result=None, show_progress: bool | None = None) -> list[Result]:
+    """``simulate`` over ``work`` in the pool, in the order given (longest first), each result
+    handed to ``on_result`` as it lands; a progress bar on a terminal names the last row done."""
+    from concurrent.futures import as_completed
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    show = console.is_terminal if show_progress is None else show_progress
+    results = []
+    with Progress(TextColumn("rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, transient=True, disable=not show) as bar:
+        task = bar.add_task("", total=len(work))
+        futures = [pool.submit(simulate, w) for w in work]
+        for fut in as_completed(futures):
+            res = fut.result()
+            results.append(res)
+            if on_result is not None:
+                on_result(res)
+            bar.update(task, advance=1, description=f"last: {res.id} ({res.wall_s:.1f} s)")
+    return results
 
 
 # ------------------------------------------------------------------------------------------------
@@ -525,11 +685,16 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-phases", action="store_true",
                     help="also simulate every other --phase variant and print each one's group errors")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--resume", action="store_true",
+                    help="with --json: take the rows an earlier run of the same code and settings wrote there "
+                         "(finished, or its OUT.partial after a crash) instead of simulating them again")
     ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
     ap.add_argument("--stamp", type=Path, action="append", default=[],
                     help="a kernel-db table folder whose metadata.json gets its GPU's corpus error (repeatable)")
     ap.add_argument("--from-json", type=Path, default=None, help="stamp from a report --json wrote, without a run")
     args = ap.parse_args(argv)
+    if args.resume and args.json is None:
+        raise SystemExit("--resume takes the rows of an earlier --json report: give that --json OUT.json too")
     if args.from_json is not None:
         report = json.loads(args.from_json.read_text())
         for table in args.stamp:
@@ -555,24 +720,35 @@ def main(argv=None) -> int:
                 tables[key] = folder
         t_tables = time.perf_counter() - t0
         priced = [r for r in priced if not r.skip]
-        # longest first, so the pool's last task is a short one
-        priced.sort(key=lambda r: -(r.concurrency * args.rounds * (r.osl + 1)))
         phases = [args.phase] + [p for p in (PHASES if args.compare_phases else ()) if p != args.phase]
-        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases) for r in priced]
-        results = list(pool.map(simulate, work, chunksize=1))
+        settings = {"rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "phases": phases}
+        partial = Partial(args.json, settings, args.resume) if args.json is not None else None
+        done = partial.done if partial is not None else {}
+        todo = longest_first([r for r in priced if r.id not in done], args.rounds)
+        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases) for r in todo]
+        if done:
+            print(f"resumed: {sum(r.id in done for r in priced)} rows from {args.json} (or its .partial)")
+        new = run_rows(pool, work, partial.add if partial is not None else None)
+        remember_costs(new, args.rounds)
+        by_id = {**done, **{r.id: r for r in new}}
+        results = [by_id[r.id] for r in priced]  # the corpus' order, whatever order they ran in
     wall = time.perf_counter() - t0
+    cpu = sum(r.cpu_s for r in new)
     print_report(rows, results, args.verbose)
     if args.compare_phases:
         print_phases(results, phases)
-    print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
-          f"{args.workers} workers")
+    print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(new)} rows simulated ({cpu:.0f} s CPU), {wall:.0f} s "
+          f"wall on {args.workers} workers" + (f", {len(results) - len(new)} resumed" if done else ""))
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
-              "phase": args.phase, "wall_s": wall,
+              "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),
               "groups_by_layout": groups(results, by_layout=True)}
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1, default=str))
+        tmp = args.json.with_name(args.json.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(report, indent=1, default=str))
+        tmp.rename(args.json)
+        partial.close(finished=True)
     for table in args.stamp:
         stamp(table, json.loads(json.dumps(report, default=str)))
     return 0

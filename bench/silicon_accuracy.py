@@ -21,7 +21,11 @@ also in ``--json`` as ``groups_by_layout``), the median and p90 of |error| and t
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
 ``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
-The whole priceable set runs in a process pool over rows (``--workers``, default: every core).
+The whole priceable set runs in a process pool over rows (``--workers``, default: every core), the
+longest first by the CPU time each row took last time (:func:`longest_first`), so the workers end
+together; with ``--json`` every finished row is appended to ``OUT.json.partial`` as it lands and
+``--resume`` takes the rows of an earlier run of the same code and settings (:class:`Partial`), so
+a crash or a time limit loses no finished row.
 """
 
 from __future__ import annotations
@@ -438,15 +442,25 @@ def longest_first(rows: list[Row], rounds: int = ROUNDS) -> list[Row]:
 
 
 def results_digest() -> str:
-    """Changes whenever a row's result could: the simulator, the policies, the composition, this bench.
-    A partial or finished ``--json`` report is resumed only under the same digest."""
+    """Changes whenever a row's result could: the code of the simulator, the policies, the composition
+    and this bench, as Python sees it (the syntax tree without docstrings: a comment or a docstring
+    edited between a run and its ``--resume`` changes nothing). A partial or finished ``--json``
+    report is resumed only under the same digest."""
+    import ast
+
     h = hashlib.sha256()
     files = [ROOT / "bench" / "silicon_accuracy.py"]
     for pkg in ("sim", "policies", "calib/sources"):
         files += sorted((ROOT / pkg).rglob("*.py"))
     for f in files:
+        tree = ast.parse(f.read_bytes())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
         h.update(str(f.relative_to(ROOT)).encode())
-        h.update(f.read_bytes())
+        h.update(ast.dump(tree).encode())
     return h.hexdigest()[:12]
 
 

@@ -49,7 +49,15 @@ def _result(sa, rid, ttft=1.5):
                      ttft_err=ttft - 1.0, extra={"phases": {"random": {"ttft_err": ttft - 1.0}}})
 
 
-def test_the_partial_report_keeps_every_finished_row_and_resumes_only_under_the_same_settings(tmp_path):
+@pytest.fixture
+def digest(monkeypatch):
+    """The code's digest fixed (computing it reads every module of sim/ and policies/)."""
+    import bench.silicon_accuracy as sa
+
+    monkeypatch.setattr(sa, "results_digest", lambda: "c0de")
+
+
+def test_the_partial_report_keeps_every_finished_row_and_resumes_only_under_the_same_settings(tmp_path, digest):
     import bench.silicon_accuracy as sa
 
     out = tmp_path / "report.json"
@@ -74,7 +82,7 @@ def test_the_partial_report_keeps_every_finished_row_and_resumes_only_under_the_
     assert fresh.done == {} and len(part.read_text().splitlines()) == 1  # without --resume: a new file
 
 
-def test_a_finished_report_is_resumed_under_the_same_code_and_settings_and_its_partial_removed(tmp_path):
+def test_a_finished_report_is_resumed_under_the_same_code_and_settings_and_its_partial_removed(tmp_path, digest):
     import bench.silicon_accuracy as sa
 
     out = tmp_path / "report.json"
@@ -106,3 +114,20 @@ def test_resume_without_a_report_is_refused_in_one_line():
 
     with pytest.raises(SystemExit, match="--resume takes the rows of an earlier --json report"):
         sa.main(["--resume"])
+
+
+def test_the_code_digest_follows_the_code_not_its_comments_or_docstrings(tmp_path, monkeypatch):
+    import bench.silicon_accuracy as sa
+
+    for d in ("bench", "sim", "policies", "calib/sources"):
+        (tmp_path / d).mkdir(parents=True)
+    src = tmp_path / "sim" / "engine.py"
+    src.write_text('"""The engine."""\n\ndef step(d):\n    """A step."""\n    return d + 1  # the next\n')
+    (tmp_path / "bench" / "silicon_accuracy.py").write_text("ROUNDS = 4\n")
+    monkeypatch.setattr(sa, "ROOT", tmp_path)
+    before = sa.results_digest()
+    src.write_text('"""The engine, said otherwise."""\n\ndef step(d):\n    """Two lines\n    now."""\n'
+                   "    return d + 1\n")
+    assert sa.results_digest() == before
+    src.write_text('def step(d):\n    return d + 2\n')
+    assert sa.results_digest() != before

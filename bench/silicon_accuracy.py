@@ -742,8 +742,12 @@ def main(argv=None) -> int:
         work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases) for r in todo]
         if done:
             print(f"resumed: {sum(r.id in done for r in priced)} rows from {args.json} (or its .partial)")
-        new = run_rows(pool, work, partial.add if partial is not None else None)
-        remember_costs(new, args.rounds)
+        def landed(res: Result) -> None:
+            if partial is not None:
+                partial.add(res)
+            remember_costs([res], args.rounds)  # as it lands: a run cut short still orders the next
+
+        new = run_rows(pool, work, landed)
         by_id = {**done, **{r.id: r for r in new}}
         results = [by_id[r.id] for r in priced]  # the corpus' order, whatever order they ran in
     wall = time.perf_counter() - t0

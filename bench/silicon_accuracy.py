@@ -99,8 +99,45 @@ SEND_GAP_MS = 1.0
 #   ``--warmup-request-count``; ``vllm bench serve --max-concurrency``, which averages every request
 #   after its one test prompt) -- but the simulated clients stay in waves: the high end;
 # * ``warm``: the ``wave`` run without the opening wave -- still waves (the loop keeps them).
-PHASES = ("random", "spread", "wave", "warm")
+# * ``opening``: what the tools measure when they count every request (no warm-up) and the clients'
+#   phases diffuse after the opening wave: the mean over ``OPENING_ROUNDS`` requests per client of
+#   the opening wave's first round (the pilot ``wave`` run's first N requests) and ``OPENING_ROUNDS
+#   - 1`` rounds at the ``random`` steady state (:func:`opening_means`). Why (docs/accuracy-corpus.md,
+#   limits): the corpus' mean TTFT grows with the clients as an opening wave shared over ~10 rounds
+#   does, and lies far below any steady state of clusters that persist (H200 70B TP 2, 64 clients:
+#   929 ms in cbsim's cluster-locked loop against 417 ms measured over the whole run).
+PHASES = ("random", "spread", "wave", "warm", "opening")
 PHASE = "random"
+# Which all-reduce kernel a row's table prices (calib/sources/kernel_db_comm.py). AIConfigurator prices
+# its custom rows; TensorRT-LLM falls back to NCCL when its topology check fails
+# (cpp/tensorrt_llm/thop/allreduceOp.cpp, ifFallbackToNCCL). The corpus' TensorRT-LLM 1.0.0rc3
+# collection (H100: Qwen3-32B and Llama-3.1-8B, TP 1-8) measures decode steps whose excess over the
+# custom-kernel tables grows with the TP degree as NCCL's rows do, on both models: chosen on either
+# one, NCCL also cuts the other's TP 2-8 TPOT error (docs/trtllm.md, "--allreduce"). The newer
+# TensorRT-LLM rows were not judged this way and keep the custom kernel.
+ALLREDUCE = "auto"  # auto: NCCL for TensorRT-LLM 1.0 rows, the custom kernel otherwise
+NCCL_VERSIONS = {"trtllm": ("1.0",)}
+
+
+def allreduce_of(row: Row, choice: str = ALLREDUCE) -> str:
+    """The all-reduce kernel a row's table prices under ``--allreduce choice``."""
+    if choice != "auto":
+        return choice
+    prefixes = NCCL_VERSIONS.get(row.engine, ())
+    return "nccl" if row.tp > 1 and any(row.version.startswith(v + ".") for v in prefixes) else "custom"
+# Requests per client the ``opening`` variant assumes the benchmark sent (the one global parameter; its
+# leave-one-model-out check is bench/opening_lomo.py). 10 is the tools' own convention where it is
+# written down: ai-dynamo/dynamo benchmarks/llm/perf.sh (--request-count 10N), InferenceMAX
+# (--num-prompts 10 x concurrency); the corpus does not say which its collector used.
+OPENING_ROUNDS = 10
+
+
+def opening_means(first: tuple[float, float], steady: tuple[float, float],
+                  rounds: int) -> tuple[float, float]:
+    """Mean TTFT and TPOT over ``rounds`` requests per client: the opening wave's round (``first``)
+    and ``rounds - 1`` rounds at ``steady``. Each client sends one request per round, so every round
+    weighs the same."""
+    return tuple((f + (rounds - 1) * s) / rounds for f, s in zip(first, steady))
 
 
 def corpus_path() -> Path:
@@ -134,10 +171,11 @@ class Row:
     policy: str = ""
 
     fp8_scaling: str | None = None  # 'block' or 'tensor' for fp8 rows (classify)
+    allreduce: str = "custom"  # the all-reduce kernel its table prices (allreduce_of)
 
     @property
     def table_key(self) -> tuple:
-        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling)
+        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
 
     @property
     def config_name(self) -> str:
@@ -200,8 +238,8 @@ def _layout_skip(r, row: Row) -> str:
     return ""
 
 
-def classify(rows: list[Row]) -> None:
-    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` on each row."""
+def classify(rows: list[Row], allreduce: str = ALLREDUCE) -> None:
+    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` and ``allreduce`` on each row."""
     from calib.sources.kernel_db import GPU_SYSTEMS, fp8_quant_mode
     from policies.registry import POLICIES
     from sim.errors import CbsimError
@@ -246,6 +284,7 @@ def classify(rows: list[Row]) -> None:
             block = fp8_quant_mode(config) == "fp8_block" or row.gemm_quant == "fp8_block"
             row.fp8_scaling = "block" if block else "tensor"
         row.gpu, row.config, row.policy = gpu, path, policy
+        row.allreduce = allreduce_of(row, allreduce)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,14 +293,16 @@ def classify(rows: list[Row]) -> None:
 def code_hash() -> str:
     """Changes whenever the composition or the simulator's pricing could: the cache's key."""
     h = hashlib.sha256()
-    for rel in ("calib/sources/kernel_db.py", "sim/latency/table.py", "sim/latency/engine_cpu.py"):
+    for rel in ("calib/sources/kernel_db.py", "calib/sources/kernel_db_comm.py", "sim/latency/table.py",
+                "sim/latency/engine_cpu.py"):
         h.update((ROOT / rel).read_bytes())
     return h.hexdigest()[:12]
 
 
 def table_dir(key: tuple, digest: str) -> Path:
-    gpu, config, tp, precision, engine, scaling = key
-    slug = f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
+    gpu, config, tp, precision, engine, scaling, allreduce = key
+    slug = (f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
+            + ("-nccl" if allreduce == "nccl" else ""))
     return CACHE / digest / slug
 
 
@@ -275,9 +316,10 @@ def build_one(args) -> tuple[tuple, str, str]:
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
-    gpu, config, tp, precision, engine, scaling = key
+    gpu, config, tp, precision, engine, scaling, allreduce = key
     try:
-        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling)
+        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
+                           allreduce=allreduce)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]
@@ -368,6 +410,9 @@ def simulate(args) -> Result:
     clients' first sends are then spread evenly over that one cycle (``ramp_s`` = E2E, ``start:
     even``) and the means are over the requests sent after the ramp. ``random``: the same, each
     client's first send a seeded uniform draw over the cycle (``start: random``; :data:`PHASE`).
+    ``opening``: the pilot's first round (its first N sends) as one of :data:`OPENING_ROUNDS` rounds,
+    the ``random`` run's means as the others (:func:`opening_means`). Every row's ``extra`` keeps the
+    pieces (``first_round``, ``warm_steady``, ``random_steady`` when run) for bench/opening_lomo.py.
     """
     row, table, rounds, send_gap_s, phases = args
     import warnings
@@ -383,11 +428,17 @@ def simulate(args) -> Result:
             pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
             e2e = pilot_e2e(pilot, row.concurrency)
+            first = _means(pilot.sort_values("arrival_s").iloc[:row.concurrency])
+            res.extra["first_round"] = {"ttft_ms": first[0], "tpot_ms": first[1]}
+            res.extra["warm_steady"] = {"ttft_ms": out["warm"][0], "tpot_ms": out["warm"][1]}
             for phase in ("spread", "random"):
-                if phase in phases:
+                if phase in phases or (phase == "random" and "opening" in phases):
                     sc = phased_scenario(row, table, rounds, e2e, "even" if phase == "spread" else "random")
                     out[phase] = _means(sim.run(sc).requests, after_s=e2e)
                     res.extra["ramp_s"] = e2e
+            if "opening" in phases:
+                res.extra["random_steady"] = {"ttft_ms": out["random"][0], "tpot_ms": out["random"][1]}
+                out["opening"] = opening_means(first, out["random"], OPENING_ROUNDS)
         res.sim_ttft_ms, res.sim_tpot_ms = out[phases[0]]
         res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
         res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
@@ -698,6 +749,9 @@ def main(argv=None) -> int:
                     help=f"how the clients' phases are set up and which requests the means count (default {PHASE})")
     ap.add_argument("--compare-phases", action="store_true",
                     help="also simulate every other --phase variant and print each one's group errors")
+    ap.add_argument("--allreduce", choices=("auto", "custom", "nccl"), default=ALLREDUCE,
+                    help="the all-reduce kernel the tables price (default auto: NCCL for TensorRT-LLM 1.0 rows, "
+                         "the database's custom kernel otherwise)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--resume", action="store_true",
                     help="with --json: take the rows an earlier run of the same code and settings wrote there "
@@ -719,7 +773,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     rows = select(read_rows(), args.only)
-    classify(rows)
+    classify(rows, args.allreduce)
     priced = [r for r in rows if not r.skip]
     digest = code_hash()
     keys = sorted({r.table_key for r in priced})

@@ -342,6 +342,12 @@ class Policy:
     # ``schedule()``, ``emit_tokens()`` and ``finish_step(plan, [])`` would have produced.
     # Policies that do not implement these step normally.
 
+    # True: ``add_request`` reads nothing that pure-decode steps or their finishes change (it only
+    # queues the request or marks it for rejection at the next schedule), so the engine may
+    # deliver an arrival that falls inside a stretch's last step after applying the whole stretch,
+    # finishes included (sim.engine: a stretch's steps are still all scheduled before it)
+    stretch_past_arrivals = False
+
     def decode_stretch(self) -> tuple[list[Request], int] | None:
         """``(batch, context)`` if the next step is certain to be a *pure decode* and so is every
         following one for as long as no request arrives or finishes and KV memory lasts: every

@@ -65,6 +65,9 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 class VllmV1Policy(PagedDecodeStretch, Policy):
     name = "vllm-v1"
     _keep_edges = True  # False: rebuild the edge calendar at every bulk step (tests compare both)
+    # add_request only queues the request (or marks it rejected for the next schedule): it reads
+    # nothing a decode step changes, so a stretch's last step may contain an arrival
+    stretch_past_arrivals = True
     summary = (
         f"vLLM V1 ({VLLM_RELEASE}): token budget, running requests first, chunked prefill, "
         "full-prompt admission gate, LIFO recompute preemption, paged KV with prefix caching"

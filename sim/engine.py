@@ -23,6 +23,15 @@ as SimPy would, and the policy advances its state in the order ``k`` single step
 the horizon, with the step in which the first request finishes (that step's finishes are then
 applied as a single step applies them), and before KV memory would run out, so nothing any other
 process could observe differs: the same steps, tokens, times and records, bit for bit.
+
+Where the arrival reads nothing a stretch changes (``Replica.cross_arrivals``: no closed loop, one
+replica or a router that reads no KV state, a policy whose ``add_request`` only queues:
+``Policy.stretch_past_arrivals``), two things more are exact. The stretch's last step may contain
+the next arrival (start before it, end after it: stepped one by one, that step is scheduled before
+the arrival and ends after it; its row's ``waiting`` counts the arrival). And a stretch that ends
+with finishes is followed, in the same timeout, by the stretch the policy offers next from that
+clock (``Replica._chain_stretches``): the stretches are applied at once, their finished requests
+ended at once, except those of a last step containing the arrival, ended after it.
 ``Simulation(..., fast_forward=False)`` or the environment variable ``CBSIM_NO_FAST_FORWARD=1``
 turns it off (for debugging; tests compare both).
 
@@ -65,6 +74,7 @@ Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 
 MAX_STRETCH = 4096  # steps fast-forwarded at once at most (bounds the arrays of one stretch)
 MIN_STRETCH = 2  # shorter stretches are stepped normally
+SHORT_STRETCH = 48  # stretches up to this many steps are priced in Python floats, longer ones with NumPy
 
 
 def fast_forward_default() -> bool:
@@ -111,6 +121,8 @@ class Replica:
         self.fast_forward = (fast_forward and simulation is not None
                              and type(policy).decode_stretch is not Policy.decode_stretch)
         self.pricer = DecodePricer(latency) if self.fast_forward else None
+        # the last step of a stretch may contain the next arrival (Simulation sets it where that is exact)
+        self.cross_arrivals = False
         self.stretches = 0  # pure-decode stretches fast-forwarded, and the steps they held
         self.stretch_steps = 0
         # when the step (or stretch) under way ends: sim.disaggregation bounds its decode pool's
@@ -157,12 +169,25 @@ class Replica:
             if fast_forward:
                 stretch = policy.decode_stretch()
                 if stretch is not None:
-                    prepared = self._prepare_stretch(*stretch)
-                    if prepared is not None:
-                        self.busy_until = env.now + prepared[0]
-                        yield env.timeout(prepared[0])
-                        self._apply_stretch(*prepared[1:])
-                        continue
+                    if self.cross_arrivals:
+                        chained = self._chain_stretches(*stretch)
+                        if chained is not None:
+                            delay, crossed, ending = chained
+                            self.busy_until = env.now + delay
+                            waiting = policy.num_waiting
+                            yield env.timeout(delay)
+                            if crossed and policy.num_waiting != waiting:  # arrived in the last step
+                                self.steps.set_last_waiting(policy.num_waiting)
+                            for req in ending:  # they end after the arrival, as stepped
+                                self._end(records[req.id], "finished")
+                            continue
+                    else:
+                        prepared = self._prepare_stretch(*stretch)
+                        if prepared is not None:
+                            self.busy_until = env.now + prepared[0]
+                            yield env.timeout(prepared[0])
+                            self._apply_stretch(*prepared[1:])
+                            continue
             plan = policy.schedule()
             for req in plan.rejected:
                 self._end(records[req.id], "rejected", req.reject_reason or "rejected by the policy")
@@ -263,53 +288,122 @@ class Replica:
         self.steps.append(now, start, dt, self.policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed)
 
     # --- fast-forward ---------------------------------------------------------------------------
-    def _prepare_stretch(self, batch: list[Request], context: int):
+    def _chain_stretches(self, batch: list[Request], context: int):
+        """Stretches one after another, applied now, for one timeout: (its delay, whether the
+        last step contains the next arrival, the requests that finish in that step), or None
+        when not even one stretch qualifies. Where nothing can observe the replica before the
+        next arrival (``cross_arrivals``: no closed loop, one replica or a router that reads no
+        KV state), a stretch that ends with finishes is followed at once by the stretch the
+        policy offers next, from the same clock, as the loop would after a timeout: the same
+        steps, the same state, one SimPy event for all. Those requests end at once (nothing
+        reads their end before the arrival); a last step containing the arrival is applied now
+        too (the arrival only queues), its finishes and its row's waiting count after it."""
+        now = self.env.now
+        t = now
+        delay = None
+        while True:
+            prepared = self._prepare_stretch(batch, context, t)
+            if prepared is None:
+                break
+            d, batch, k, times, dts, flops, bytes_, waiting = prepared
+            crossed = waiting is not None
+            finishing = self._apply_stretch(batch, k, times, dts, flops, bytes_, None, crossed)
+            delay = d
+            if crossed:
+                return delay, True, finishing
+            if not finishing:  # stopped by KV memory, MAX_STRETCH or a landing: a step is scheduled next
+                break
+            t = float(times[k])
+            following = self.policy.decode_stretch()
+            if following is None:
+                break
+            batch, context = following
+        return None if delay is None else (delay, False, ())
+
+    def _prepare_stretch(self, batch: list[Request], context: int, start: float | None = None):
         """Decide how many pure-decode steps to apply at once, price them and find where the
-        clock lands; None when fewer than MIN_STRETCH steps qualify."""
+        clock lands; None when fewer than MIN_STRETCH steps qualify.
+
+        Every step but the last ends strictly before the next arrival. The last may contain it
+        (start before it, end after it: ``cross_arrivals``) where nothing the arrival does reads
+        what the stretch changes: stepped one by one, that step was scheduled before the arrival
+        and ends after it, and the arrival only queues a request (``Policy.stretch_past_arrivals``)
+        and asks a router that reads no KV state; the one figure it changes, the waiting count,
+        goes into the last step's row only. Such a stretch may be one step long (it saves the
+        scheduled decode step that every arrival otherwise costs)."""
         env, sim = self.env, self.simulation
-        now = env.now
-        bound = sim.next_arrival_at
-        if sim.horizon_s is not None and sim.horizon_s < bound:
-            bound = sim.horizon_s
+        origin = env.now  # where SimPy's clock is: the timeout is added to it
+        now = origin if start is None else start  # where this stretch starts (later in a chain)
+        arrival = sim.next_arrival_at
+        horizon = sim.horizon_s if sim.horizon_s is not None else math.inf
+        bound = arrival if arrival < horizon else horizon
+        cross = self.cross_arrivals and arrival < horizon and arrival > now
         b = len(batch)
         # a cheap bound from the next step's time (step times grow with the context)
         dt1 = self.pricer.first_step_time(b, context)
         if not dt1 > 0:
             return None
         room = bound - now
-        if room < MIN_STRETCH * dt1:
+        least = 1 if cross else MIN_STRETCH
+        if not cross and room < MIN_STRETCH * dt1:
             return None
-        k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1)
+        # steps that can end before the bound, and with ``cross`` the one after them
+        k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1 + cross)
         # no request may finish before the stretch's last step: stop at the first one's last token
         records = self.records
         for req in batch:
             margin = records[req.id].finish_at - req.num_output_tokens
             if margin < k:
                 k = margin
-                if k < MIN_STRETCH:
+                if k < least:
                     return None
         k = self.policy.decode_stretch_limit(batch, k)
-        if k < MIN_STRETCH:
+        if k < least:
             return None
-        dts, flops, bytes_ = self.pricer.price(batch, context, k)
-        times = np.empty(k + 1, dtype=np.float64)
-        times[0] = now
-        times[1:] = dts
-        np.cumsum(times, out=times)  # sequential: now + dt1, then + dt2, ... as SimPy adds them
-        # every step must end strictly before the next arrival and the horizon
-        k = int(np.searchsorted(times[1:], bound, side="left"))
-        if k < MIN_STRETCH:
+        pricer = self.pricer
+        if k <= SHORT_STRETCH and pricer.steps is not None:
+            # a short stretch in plain floats (NumPy's cost per call exceeds the loop's): the same
+            # sums in the same order, and the clock added up one step at a time as SimPy adds it
+            dts, flops, bytes_ = pricer.steps(b, context, k)
+            times = [now]
+            t = now
+            for dt in dts:
+                t += dt
+                if not t < bound:  # this step and the later ones end at or after the bound
+                    if cross and t > arrival and t < horizon:
+                        times.append(t)  # the step the arrival falls in, strictly inside it
+                    break
+                times.append(t)
+            k = len(times) - 1
+        else:
+            dts, flops, bytes_ = pricer.price(batch, context, k)
+            times = np.empty(k + 1, dtype=np.float64)
+            times[0] = now
+            times[1:] = dts
+            np.cumsum(times, out=times)  # sequential: now + dt1, then + dt2, ... as SimPy adds them
+            # every step must end strictly before the next arrival and the horizon
+            n = int(np.searchsorted(times[1:], bound, side="left"))
+            if cross and n < k and times[n + 1] > arrival and times[n + 1] < horizon:
+                n += 1
+            k = n
+        crossing = cross and times[k] > arrival
+        if k < (1 if crossing else MIN_STRETCH):
             return None
         while True:  # SimPy lands at now + delay: find a delay that lands exactly at the k-th end
-            delay = landing_delay(now, float(times[k]))
+            delay = landing_delay(origin, float(times[k]))
             if delay is not None:
                 break
             k -= 1  # rare: no float delay lands there; the last step is then taken normally
+            crossing = False
             if k < MIN_STRETCH:
                 return None
-        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k]
+        waiting = self.policy.num_waiting if crossing else None  # the rows before the arrival's
+        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting
 
-    def _apply_stretch(self, batch, k, times, dts, flops, bytes_) -> None:
+    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before, defer_ends=False):
+        """The stretch's steps on the policy, the records and the step rows; the requests that
+        finish in its last step end here, or with ``defer_ends`` are returned for the caller to
+        end."""
         policy, records, steps = self.policy, self.records, self.steps
         step = len(steps)  # the stretch's first step on this replica
         last_time = float(times[k])
@@ -338,14 +432,22 @@ class Replica:
                 req.status = Status.FINISHED
                 records[req.id].finish_s = last_time
             policy.finish_step(last, finishing)
-            for req in finishing:
-                self._end(records[req.id], "finished")
+            if not defer_ends:
+                for req in finishing:
+                    self._end(records[req.id], "finished")
             kv_used[-1] = policy.kv_blocks_used()
             reserved[-1], stored[-1] = policy.kv_tokens_reserved_and_used()
         self.stretches += 1
         self.stretch_steps += k
-        steps.extend_decodes(times, dts, running, waiting, b, kv_used, policy.cpu_blocks_used(),
-                             reserved, stored, flops, bytes_, len(finishing), policy.num_running)
+        if type(times) is list:  # a short stretch priced in floats (_prepare_stretch): the recorder takes arrays
+            times, dts, flops, bytes_ = (np.array(v, dtype=np.float64) for v in (times, dts, flops, bytes_))
+        crossed = waiting_before is not None and waiting_before != waiting  # arrivals in the last step
+        steps.extend_decodes(times, dts, running, waiting_before if crossed else waiting, b, kv_used,
+                             policy.cpu_blocks_used(), reserved, stored, flops, bytes_, len(finishing),
+                             policy.num_running)
+        if crossed:
+            steps.set_last_waiting(waiting)
+        return finishing
 
 
 def kv_load_step(plan: StepPlan, records, dt: float) -> float:
@@ -460,6 +562,9 @@ class DecodePricer:
         # a model's scalar price of one decode step (the roofline's: no StepShape, no loop over
         # its operators), the same float as its price of that step
         self.step_time = getattr(latency, "decode_step_time", None)
+        # the model's price of a short stretch as lists (the roofline's ``decode_steps``): the same
+        # floats as ``price_decodes``
+        self.steps = getattr(latency, "decode_steps", None)
 
     @staticmethod
     def shape(b: int, context: int, j: int) -> StepShape:
@@ -565,6 +670,14 @@ class Simulation:
             if self.clients.sent == self.clients.n:  # nothing to send at all
                 self._arrivals_over()
         self.router = router or round_robin()
+        # a stretch's last step may contain an arrival where the arrival reads nothing the stretch
+        # changes: no closed loop (its sends follow ends), no lockstep, one replica or a router that
+        # reads no KV state, and a policy whose add_request only queues (Replica._prepare_stretch)
+        cross = (self.clients is None and lockstep <= 1
+                 and (len(self.replicas) == 1 or getattr(self.router, "reads_kv_state", True) is False))
+        for rep in self.replicas:
+            rep.cross_arrivals = (cross and rep.fast_forward
+                                  and getattr(type(rep.policy), "stretch_past_arrivals", False))
         if self.clients is None:
             self.env.process(self.arrivals())
 

@@ -52,6 +52,7 @@ def round_robin() -> Router:
         count[0] += 1
         return idx
 
+    route.reads_kv_state = False  # reads no replica state (sim.engine: a stretch may contain an arrival)
     return route
 
 
@@ -63,6 +64,7 @@ def least_outstanding() -> Router:
     def route(spec, replicas) -> int:
         return _least_outstanding_index(replicas)
 
+    route.reads_kv_state = False  # outstanding changes only when a request ends, at a step's end
     return route
 
 

@@ -266,6 +266,43 @@ def test_the_cases_exercise_what_they_claim():
     assert steps["replica"].nunique() == 3
 
 
+@pytest.mark.parametrize("case, crosses", [("plain", True), ("replicas", True), ("replicas-least-outstanding", True),
+                                           ("queue-held-by-max-num-seqs", True), ("arrivals-tie-step-ends", False),
+                                           ("horizon", True), ("replicas-least-kv", False)])
+def test_a_stretch_ends_with_the_step_an_arrival_falls_in(case, crosses, monkeypatch):
+    """A stretch's last step may contain the next arrival (it was scheduled before it, the arrival
+    only queues a request), and a stretch that ends with finishes is followed by the next one
+    in the same timeout: the runs stay exact, the arrivals in that step count in its row's
+    ``waiting`` only. An arrival on a step's end is not inside it (arrivals-tie-step-ends: every
+    arrival ties with a step end, which SimPy orders by event id), and a router that reads KV
+    state (least-kv) keeps every stretch's steps before the arrival and one stretch a timeout."""
+    import sim.engine
+    from sim.metrics.steps import ReplicaSteps
+
+    seen = {"crossing": 0, "chained": 0, "waiting_changed": 0}
+    chain = sim.engine.Replica._chain_stretches
+    set_waiting = ReplicaSteps.set_last_waiting
+
+    def chained(self, batch, context):
+        before = self.stretches
+        out = chain(self, batch, context)
+        seen["crossing"] += out is not None and out[1]
+        seen["chained"] += self.stretches - before > 1
+        return out
+
+    def waiting(steps, n):
+        seen["waiting_changed"] += 1
+        return set_waiting(steps, n)
+
+    monkeypatch.setattr(sim.engine.Replica, "_chain_stretches", chained)
+    monkeypatch.setattr(ReplicaSteps, "set_last_waiting", waiting)
+    run_with_and_without_fast_forward(CASES[case])
+    assert (seen["crossing"] > 0) == crosses
+    assert (seen["chained"] > 0) == (case != "replicas-least-kv")
+    if case == "queue-held-by-max-num-seqs":  # stretches run with a queue: arrivals lengthen it
+        assert seen["waiting_changed"] > 0
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_runs_the_same_with_fast_forward_on_and_off(name):
     specs = workload(13, n=80, max_prompt=300, max_out=150)

@@ -240,6 +240,21 @@ def test_scalar_decode_step_time_is_the_same_float_as_price():
     assert tp._ar_fixed > 0 and tp.price(shape, plan) == tp.breakdown(shape, plan)[:3]
 
 
+def test_short_stretch_floats_equal_price_decodes_and_each_step():
+    # a short stretch is priced in Python floats (decode_steps, sim.engine._prepare_stretch): the
+    # same floats as price_decodes' arrays and as each step's own price, bit for bit
+    tp = resolve(load_scenario({"model": "llama-3-8b", "hardware": {"gpu": "h100-sxm", "tensor_parallel": 4},
+                                "workload": {"num_requests": 1, "arrival": {"rate": 1.0}}})).latency()
+    for lat in (roofline("llama-3-8b", gpu="h200"), roofline({"hf_config": str(CONFIGS / "mixtral-8x7b.json")}, gpu="h200"),
+                tp):
+        for b, ctx, k in ((1, 1, 1), (3, 517, 48), (9, 9000, 15), (200, 4097, 7)):
+            lists = lat.decode_steps(b, ctx, k)
+            arrays = lat.price_decodes(b, ctx, k)
+            assert [list(a) for a in arrays] == [list(v) for v in lists]
+            assert [lat.decode_step(b, ctx + b * j) for j in range(1, k + 1)] == list(zip(*lists))
+    assert roofline({"hf_config": str(CONFIGS / "mistral-7b-v0.1.json")}).decode_steps is None  # windowed: stepwise
+
+
 def test_sliding_window_layers_read_at_most_their_window():
     lat = roofline({"hf_config": str(CONFIGS / "mistral-7b-v0.1.json")})
     full = roofline("mistral-7b")  # the same shapes without the window

@@ -40,6 +40,22 @@ def test_rows_are_priced_or_skipped_with_a_reason():
     assert rows["block"].fp8_scaling == "block"  # its config.json has weight_block_size
 
 
+def test_trtllm_1_0_rows_price_nccl_all_reduces_and_nothing_else_does():
+    """--allreduce auto: the TensorRT-LLM 1.0 collection's rows at TP > 1 (docs/trtllm.md); an explicit
+    choice applies to every row, and the kernel is part of the table's cache key."""
+    from bench.silicon_accuracy import allreduce_of, classify
+
+    trt = dict(engine="trtllm", model="Qwen/Qwen3-32B", system="h100_sxm")
+    rows = {"1.0": _row(version="1.0.0rc3", **trt), "tp1": _row(version="1.0.0rc3", tp=1, **trt),
+            "1.2": _row(version="1.2.0rc6.post1", **trt), "1.10": _row(version="1.10.0", **trt),
+            "vllm": _row()}
+    classify(list(rows.values()))
+    assert {k: r.allreduce for k, r in rows.items()} == {"1.0": "nccl", "tp1": "custom", "1.2": "custom",
+                                                          "1.10": "custom", "vllm": "custom"}
+    assert rows["1.0"].table_key[-1] == "nccl" and rows["1.2"].table_key[-1] == "custom"
+    assert allreduce_of(rows["vllm"], "nccl") == "nccl" and allreduce_of(rows["1.0"], "custom") == "custom"
+
+
 def test_layouts_cbsim_does_not_model_are_skipped_from_the_csv_row():
     from types import SimpleNamespace
 
@@ -137,3 +153,34 @@ def test_random_and_spread_phases_place_the_first_sends_over_one_pilot_cycle(mon
     assert even["start"] == "even" and even["ramp_s"] == 2.0
     assert res.ttft_err == pytest.approx(0.0) and res.extra["phases"]["spread"]["ttft_err"] == pytest.approx(-0.5)
     assert res.extra["phases"]["wave"]["ttft_err"] == pytest.approx(4.0)
+
+
+def test_opening_weighs_the_opening_wave_as_one_round_of_R_and_the_rest_at_the_diffused_steady_state(monkeypatch):
+    """``opening``: the pilot's first N requests (by send time) are one round, the ``random`` run's
+    steady means the other R - 1: (first + (R - 1) x steady) / R, for TTFT and TPOT alike."""
+    import pandas as pd
+
+    import bench.silicon_accuracy as sa
+    import sim
+
+    def fake_run(scn):
+        a = scn["workload"]["arrival"]
+        n = scn["workload"]["num_requests"]
+        if a.get("start") is None:  # the pilot: its opening wave (sent first, listed last) 1 s TTFT
+            arrival = [float(i) for i in range(8, n)] + [0.0] * 8
+            ttft = [0.5] * (n - 8) + [1.0] * 8
+            tpot = [0.03] * (n - 8) + [0.02] * 8
+        else:
+            arrival = [i * 0.1 for i in range(n)]
+            ttft, tpot = [0.1] * n, [0.01] * n
+        frame = pd.DataFrame({"arrival_s": arrival, "e2e_s": [2.0] * n, "ttft_s": ttft, "tpot_s": tpot})
+        return type("R", (), {"requests": frame})()
+
+    monkeypatch.setattr(sim, "run", fake_run)
+    res = sa.simulate((_row(concurrency=8, ttft_ms=100.0, tpot_ms=10.0), "table", 4, 1e-3, ["opening"]))
+    r = sa.OPENING_ROUNDS
+    assert not res.error and r == 10
+    assert res.extra["first_round"] == pytest.approx({"ttft_ms": 1000.0, "tpot_ms": 20.0})
+    assert res.sim_ttft_ms == pytest.approx((1000.0 + (r - 1) * 100.0) / r)  # 190 ms
+    assert res.sim_tpot_ms == pytest.approx((20.0 + (r - 1) * 10.0) / r)  # 11 ms
+    assert sa.opening_means((1000.0, 20.0), (100.0, 10.0), 1) == pytest.approx((1000.0, 20.0))

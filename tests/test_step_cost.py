@@ -22,7 +22,9 @@ CASES = {
     "no-caching": (lambda: workload(2, n=200, rate=60.0), LIMITS, {"enable_prefix_caching": False}),
     "shared-prefixes": (lambda: workload(3, n=200, rate=60.0, groups=3, prefix_len=200), LIMITS, {}),
     "pressure": (lambda: workload(4, max_prompt=300, max_out=250, groups=2, prefix_len=100), TIGHT, {}),
-    "block-size-1": (lambda: workload(5, n=60, max_prompt=40, max_out=60, groups=2, prefix_len=10),
+    # arrivals every few steps: with the fast-forward on, bulk steps in a row (the calendar kept)
+    # happen only while arrivals come faster than a stretch (each stretch crosses a block edge here)
+    "block-size-1": (lambda: workload(5, n=200, rate=300.0, max_prompt=40, max_out=60, groups=2, prefix_len=10),
                      EngineLimits(block_size=1, num_gpu_blocks=900, max_num_seqs=16,
                                   max_num_batched_tokens=256, max_model_len=512), {}),
 }

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calib.sources.kernel_db_comm import AllReduceRows, check_kind, is_allreduce_op
 from sim.errors import CbsimError, nearest
 
 PACKAGE = "aiconfigurator-core"
@@ -241,7 +242,8 @@ class KernelDb:
     """One model on one GPU at one TP degree in one engine version: per-operator times."""
 
     def __init__(self, model: ModelSource, gpu: str, tp: int = 1, dtype: str = "bf16", engine: str = "vllm",
-                 engine_version: str | None = None, fp8_scaling: str | None = None) -> None:
+                 engine_version: str | None = None, fp8_scaling: str | None = None,
+                 allreduce: str = "custom") -> None:
         require_aiconfigurator()
         import logging
 
@@ -296,6 +298,17 @@ class KernelDb:
         self.gpu_spec = self._system_yaml()["gpu"]
         self.attention_kernel = self._generation_kernel()
         self._prefill_ref_s: float | None = None
+        # the all-reduce kernel the engine ran (calib/sources/kernel_db_comm.py): AIConfigurator's custom
+        # rows, or NCCL's rows in their place
+        self.allreduce = check_kind(allreduce)
+        self._nccl = None
+        if self.allreduce == "nccl" and tp > 1:
+            import importlib.resources as res
+
+            root = Path(str(res.files("aiconfigurator_core") / "systems"))
+            spec = self._system_yaml()
+            self._nccl = AllReduceRows(root / spec.get("data_dir", f"data/{self.system}"), engine,
+                                       self.engine_version, (spec.get("misc") or {}).get("nccl_version"))
 
     def compile_kwargs(self) -> dict[str, Any]:
         """AIConfigurator's compile arguments: the TP degree and quantization modes (an MoE's experts
@@ -336,7 +349,11 @@ class KernelDb:
 
     # --- per-operator times (seconds), summed over the layers -------------------------------------
     def linear_ops(self, tokens: int) -> dict[str, Op]:
-        return self._ops(self.handle.evaluate_context_ops(self._linear, batch_size=1, s=int(tokens)))
+        ops = self._ops(self.handle.evaluate_context_ops(self._linear, batch_size=1, s=int(tokens)))
+        if self._nccl is not None:  # each all-reduce moves tokens x hidden values
+            ratio = self._nccl.ratio(self.tp, int(tokens) * self.spec.hidden_size)
+            ops = {k: Op(v.seconds * ratio, "silicon (nccl)") if is_allreduce_op(k) else v for k, v in ops.items()}
+        return ops
 
     def per_seq_ops(self, sequences: int) -> dict[str, Op]:
         return self._ops(self.handle.evaluate_generation_ops(self._per_seq, batch_size=int(sequences), s=1))
@@ -808,8 +825,11 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                     "heuristic, in varlen launches too), so only FA2 tables carry decode_attn_mixed",
                 "decode skew": "none: the database measures batches at one context; decode_attn is priced at "
                     "the batch's mean context (decode_skew_alpha 0)",
-                "all-reduce": "two per layer of T x hidden bf16 elements (after attention, after the MLP), "
-                    "vLLM custom all-reduce, CUDA-graph lane, as AIConfigurator prices it; 0 at tensor_parallel 1",
+                "all-reduce": ("two per layer of T x hidden bf16 elements (after attention, after the MLP), "
+                    "vLLM custom all-reduce, CUDA-graph lane, as AIConfigurator prices it; 0 at tensor_parallel 1"
+                    if db._nccl is None else "two per layer of T x hidden bf16 elements, priced as NCCL's all_reduce "
+                    f"(allreduce 'nccl': AIConfigurator's custom-kernel time x nccl/custom at each message size, "
+                    f"{db._nccl.source}; calib/sources/kernel_db_comm.py)"),
                 "per_seq": "the LM head GEMM at m = sequences in the step (vLLM computes logits for every "
                     "scheduled request's last position); sampling is CPU/engine time, not included",
                 "overhead, step_gap": "0: the engine's CPU time per step (scheduling, input preparation, "
@@ -937,7 +957,8 @@ def _bisect(axis, x) -> int:
 def build_table(model: str, gpu: str, *, tp: int = 1, dtype: str | None = None, engine: str = "vllm",
                 engine_version: str | None = None, block_size: int = 16, max_num_batched_tokens: int = 16384,
                 max_model_len: int = 32768, max_num_seqs: int = 1024, fp8_scaling: str | None = None,
-                draft: str | None = None, draft_vocab_size: int | None = None) -> Composition:
+                draft: str | None = None, draft_vocab_size: int | None = None,
+                allreduce: str = "custom") -> Composition:
     """The whole path of ``cbsim calibrate --from-kernel-db``: resolve, compose, check.
 
     ``draft`` (``eagle`` / ``eagle3``): the table of MODEL's speculative-decoding head instead, the
@@ -955,6 +976,6 @@ def build_table(model: str, gpu: str, *, tp: int = 1, dtype: str | None = None, 
     if dtype is None:  # the checkpoint's own: FP8 for an fp8-quantized config, else bf16
         dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
     db = KernelDb(source, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
-                  fp8_scaling=fp8_scaling)
+                  fp8_scaling=fp8_scaling, allreduce=allreduce)
     grids = Grids.covering(max_num_batched_tokens, max_model_len, max_num_seqs)
     return compose(db, grids, block_size=block_size)

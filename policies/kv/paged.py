@@ -382,16 +382,8 @@ class PagedKVManager:
         reqs = self._reqs
         caching = self.enable_caching
         sts = [reqs[r] for r in batch]
-        if caching and all(st.num_cached_blocks >= st.shared for st in sts):
-            # every block still to fill is its requests' own: registering one is a count, which
-            # ends at the last step's context; only the allocations remain
-            for r, st in zip(batch, sts):
-                full = (r.num_computed_tokens + k) // B
-                if full > st.num_cached_blocks:
-                    if self.tiers is not None:  # the same stores as step by step: own blocks only
-                        self.tiers.store_own(full - st.num_cached_blocks)
-                    st.num_cached_blocks = full
-            caching = False
+        if not caching or all(st.num_cached_blocks >= st.shared for st in sts):
+            return self._advance_own(batch, sts, k, caching)
         events: list[tuple[int, int]] = []
         for i, r in enumerate(batch):
             st = sts[i]
@@ -413,15 +405,6 @@ class PagedKVManager:
             return allocated
         if len(events) > 1:
             events = sorted(set(events))
-        if not caching:
-            # only allocations, each of one block, and nothing is freed in between: popping them
-            # all at once hands out (and evicts) the same blocks in the same order
-            new = self.pool.get_new_blocks(len(events))
-            for (j, i), block in zip(events, new):
-                sts[i].blocks.append(block)
-                allocated[j - 1] += 1
-            self._held_blocks += len(new)
-            return allocated
         for j, i in events:
             r = batch[i]
             c, o = r.num_computed_tokens, r.num_output_tokens
@@ -431,6 +414,45 @@ class PagedKVManager:
             if new is None:  # decode_stretch_limit rules this out
                 raise AssertionError(f"{r.id}: no block for a decode inside a checked stretch")
             allocated[j - 1] += len(new)
+        return allocated
+
+    def _advance_own(self, batch: list[Request], sts: list[_ReqKV], k: int, caching: bool) -> list[int]:
+        """:meth:`advance_decodes` when every block still to fill is its request's own (or
+        nothing is cached): registering one is a count, which ends at the last step's context
+        (written through to the CPU tier as step by step: own blocks only), and what remains are
+        allocations, each of one block with nothing freed in between, so popping them all at once
+        hands out (and evicts) the same blocks in the same order. Events are sorted as
+        ``step * len(batch) + index``: (step, batch) order."""
+        B = self.block_size
+        tiers = self.tiers if caching else None
+        n = len(batch)
+        keys = []
+        for i in range(n):
+            st = sts[i]
+            c = batch[i].num_computed_tokens
+            end = c + k
+            if caching:
+                full = end // B
+                if full > st.num_cached_blocks:
+                    if tiers is not None:
+                        tiers.store_own(full - st.num_cached_blocks)
+                    st.num_cached_blocks = full
+            # block m (m >= len(blocks)) is first written at position m * B: step m * B - c + 1
+            m = len(st.blocks)
+            need = -(-end // B)
+            while m < need:
+                keys.append((m * B - c + 1) * n + i)
+                m += 1
+        allocated = [0] * k
+        if not keys:
+            return allocated
+        keys.sort()
+        new = self.pool.get_new_blocks(len(keys))
+        for key, block in zip(keys, new):
+            j, i = divmod(key, n)
+            sts[i].blocks.append(block)
+            allocated[j - 1] += 1
+        self._held_blocks += len(new)
         return allocated
 
     def append_decode_blocks(self, states: list[_ReqKV], contexts: list[int]) -> None:

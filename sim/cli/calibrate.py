@@ -54,6 +54,10 @@ def calibrate_cmd(
     engine_version: str = typer.Option(None, "--engine-version",
                                        help="with --from-kernel-db: the engine version's measurements (default: "
                                             "the database's current one, e.g. vllm 0.24.0)"),
+    allreduce: str = typer.Option("custom", "--allreduce", help="with --from-kernel-db --tp > 1: the all-reduce "
+                                  "kernel the engine runs: custom (its own peer-to-peer kernel, as AIConfigurator "
+                                  "prices it) or nccl (the database's NCCL rows: TensorRT-LLM falls back to NCCL "
+                                  "without peer access or NVLink; docs/trtllm.md)"),
     draft: str = typer.Option(None, "--draft", help="with --from-kernel-db: the table of --model's speculative "
                                                     "head instead (eagle or eagle3: one layer at its width and "
                                                     "the head's LM head), for speculative.draft_table"),
@@ -103,6 +107,9 @@ def calibrate_cmd(
 
     check_folder(out, "the latency table")  # a file, an unwritable folder: refused before any measuring
 
+    if allreduce != "custom" and not from_kernel_db:
+        raise CbsimError("--allreduce goes with --from-kernel-db (the kernel database's all-reduce rows; "
+                         "--from-llmservingsim takes --allreduce-gbps)")
     if from_run is not None:  # a request-level run (cbsim observe)
         if from_steplog is not None or from_llmservingsim is not None or from_kernel_db or model is not None:
             raise CbsimError("give one source of measurements: --from-run RUN is used alone (with "
@@ -131,7 +138,8 @@ def calibrate_cmd(
                                  engine_version=engine_version, block_size=block_size,
                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                  max_num_seqs=max_num_seqs, data_parallel=data_parallel,
-                                 expert_parallel=expert_parallel, draft=draft, draft_vocab_size=draft_vocab_size)
+                                 expert_parallel=expert_parallel, draft=draft, draft_vocab_size=draft_vocab_size,
+                                 allreduce=allreduce)
         return
     if data_parallel != 1 or expert_parallel:
         raise CbsimError("--data-parallel and --expert-parallel go with --from-kernel-db (the layout the kernel "
@@ -229,11 +237,12 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                              engine_version: str | None, block_size: int, max_num_batched_tokens: int | None,
                              max_model_len: int | None, max_num_seqs: int | None, data_parallel: int = 1,
                              expert_parallel: bool = False, draft: str | None = None,
-                             draft_vocab_size: int | None = None) -> None:
+                             draft_vocab_size: int | None = None, allreduce: str = "custom") -> None:
     from rich.console import Console
 
     from calib.sources import kernel_db_moe
     from calib.sources.kernel_db import build_table
+    from calib.sources.kernel_db_comm import check_kind
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
@@ -243,6 +252,10 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     limits = {k: v for k, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len),
                                 ("max_num_seqs", max_num_seqs)) if v is not None}
     layout = kernel_db_moe.Layout(tp, data_parallel, expert_parallel)
+    check_kind(allreduce)
+    if allreduce != "custom" and (draft is not None or kernel_db_moe.takes(model, layout)):
+        raise CbsimError(f"--allreduce {allreduce} prices dense models' tensor-parallel tables; drop it for "
+                         "--draft and for MLA, 4-bit-expert, expert- or data-parallel tables")
     if draft is not None:  # the speculative head's table (dense: one layer at the model's width)
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
                            block_size=block_size, draft=draft, draft_vocab_size=draft_vocab_size, **limits)
@@ -251,7 +264,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                                          engine_version=engine_version, block_size=block_size, **limits)
     else:
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
-                           block_size=block_size, **limits)
+                           block_size=block_size, allreduce=allreduce, **limits)
     write_table(out, comp.table)
     meta, t = comp.table.metadata, comp.table
     prov, err = meta["provenance"], meta.get("aic_agreement") or meta["heldout_error"]

@@ -157,6 +157,11 @@ class ReplicaSteps:
     def end_times(self) -> np.ndarray:
         return np.frombuffer(self.ends, dtype=np.float64)
 
+    def set_last_waiting(self, waiting: int) -> None:
+        """The last row's ``waiting``: requests arrived during a stretch's last step queue after
+        it only (``sim.engine.Replica._apply_stretch``; the rows before keep the count before)."""
+        self.columns["waiting"][-1] = waiting
+
 
 def merge_steps_frame(replicas) -> pd.DataFrame:
     """One row per step, every replica's, in the order the steps ended (ties: replica index)."""

@@ -2,8 +2,8 @@
 
 A speed change must decide nothing differently. This script runs the cases below, each in a fresh
 process, on this tree and on a git revision (checked out into a temporary ``git worktree``), and
-compares a SHA-256 of every policy's ``steps`` and ``requests`` frames (values, columns, dtypes;
-token times included). It prints one line per case and policy and exits 1 on any difference.
+compares a SHA-256 of every policy's ``steps`` and ``requests`` frames (values, columns, the kind
+of each dtype; token times included). It prints one line per case and policy and exits 1 on any difference.
 
 Cases (what each exercises):
 
@@ -66,14 +66,23 @@ def cases() -> dict[str, object]:
 
 
 def frame_digest(frame) -> str:
-    """SHA-256 of a frame's columns, dtypes and values (array cells by their bytes)."""
+    """SHA-256 of a frame's columns, dtype kinds and values (array cells by their bytes).
+
+    Values, not storage: an integer column is hashed as int64 and a float column as float64
+    whatever its width, so a tree that stores a count as int32 where another stored int64
+    compares equal exactly when every value is the same (the kind, signed int / unsigned /
+    float / bool / object, must still match)."""
     import numpy as np
 
     h = hashlib.sha256()
     h.update(repr(list(frame.columns)).encode())
-    h.update(repr([str(t) for t in frame.dtypes]).encode())
+    h.update(repr([t.kind if t.kind in "iufbO" else str(t) for t in frame.dtypes]).encode())
     for col in frame.columns:
         values = frame[col].to_numpy()
+        if values.dtype.kind in "iu":
+            values = values.astype(np.int64 if values.dtype.kind == "i" else np.uint64)
+        elif values.dtype.kind == "f":
+            values = values.astype(np.float64)
         if values.dtype == object:
             for v in values:
                 h.update(np.asarray(v).tobytes() if isinstance(v, np.ndarray | list) else repr(v).encode())

@@ -10,13 +10,18 @@ mean TTFT and TPOT. The corpus is a judge: nothing in cbsim is fitted to it.
 
 For every row cbsim can price (:func:`classify` says why the others are skipped), the bench builds
 (and caches under ``bench/.cache/silicon/``, gitignored) one kernel-db table per (GPU, model, TP,
-precision, engine, kernel-database version), simulates the row closed-loop
+precision, engine, kernel-database version) -- and, for the MLA and MoE models of issue #30
+(DeepSeek-V3/R1, Kimi-K2.5, gpt-oss-120b) and every row with expert parallelism or attention data
+parallelism, per parallel layout, composed by ``calib.sources.kernel_db_moe`` as ``cbsim calibrate
+--from-kernel-db --data-parallel D --expert-parallel`` does (:func:`_layout_skip` says which layouts
+are one replica) -- simulates the row closed-loop
 (``workload.arrival: {process: closed, concurrency: N}``) at its ISL/OSL with the engine's default
 limits, ``--rounds`` requests per client, the clients' phases as ``--phase`` says (default: each
 client's first send a seeded uniform draw over one cycle, the steady state of a long benchmark whose
 clients jitter; :data:`PHASE`), and reports the signed error of mean TTFT and mean TPOT per row, and
-per (GPU, engine, model) group, and per group and TP degree (issue #29's bounds are per TP degree;
-also in ``--json`` as ``groups_by_layout``), the median and p90 of |error| and the median signed error.
+per (GPU, engine, model) group, and per group and parallel layout (``tp8``, ``tp8 ep8``, ``tp1 dp8
+ep8``: issue #29's bounds are per TP degree, issue #30's per layout; also in ``--json`` as
+``groups_by_layout``), the median and p90 of |error| and the median signed error.
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
@@ -35,6 +40,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -62,7 +68,14 @@ MODEL_ALIASES = {
     "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
     "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
     "meta-llama/Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
+    "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-V3",  # R1 is V3's architecture retrained: one table
 }
+# The corpus names the experts' format in ``precision`` (fp4, int4) for checkpoints that ship their
+# experts 4-bit: gpt-oss's MXFP4 experts (the corpus says fp4 / nvfp4 for every gpt-oss row, of a
+# checkpoint that ships only MXFP4) and Kimi-K2.5's INT4 group-32 experts. Such a row is priced as the
+# checkpoint ships (cbsim's ``expert_quantization``, the rest of the weights in the checkpoint's own
+# dtype); another 4-bit model (DeepSeek-R1-NVFP4) stays refused.
+SHIPPED_EXPERTS = {"mxfp4": "fp4", "int4": "int4"}
 PRECISIONS = ("bf16", "fp8")
 ROUNDS = 4  # requests per client: the opening wave plus three rounds of the loop it settles into
 # The clients' first requests reach the engine one after another, not at one instant: a benchmark
@@ -172,10 +185,25 @@ class Row:
 
     fp8_scaling: str | None = None  # 'block' or 'tensor' for fp8 rows (classify)
     allreduce: str = "custom"  # the all-reduce kernel its table prices (allreduce_of)
+    # the layout beyond TP as the row runs it: attention data-parallel ranks, experts expert-parallel
+    # over tp x dp GPUs (the corpus' moe_ep_size) or tensor-parallel over them (:func:`_layout_skip`)
+    data_parallel: int = 1
+    expert_parallel: bool = False
+    moe_path: bool = False  # composed by calib.sources.kernel_db_moe (MLA, 4-bit experts, DP or EP)
+    mla: bool = False  # multi-head latent attention (FlashMLA's 64-token blocks)
+    mtp: bool = False  # --mtp: this row runs speculative.method mtp (a sensitivity)
 
     @property
     def table_key(self) -> tuple:
-        return (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
+        """The dense path's (GPU, config, TP, precision, engine, fp8 scaling, all-reduce), and for the
+        kernel_db_moe path ("moe", data_parallel, expert_parallel) after it (:func:`moe_part`)."""
+        key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
+        return key + ("moe", self.data_parallel, self.expert_parallel) if self.moe_path else key
+
+    @property
+    def mtp_key(self) -> tuple:
+        """The MTP layer's table (``--mtp``): the row's layout, ``kernel_db_mtp``."""
+        return self.table_key[:7] + ("moe", self.data_parallel, self.expert_parallel, "mtp")
 
     @property
     def config_name(self) -> str:
@@ -187,9 +215,15 @@ class Row:
 
     @property
     def layout(self) -> str:
-        """The row's parallel layout as issue #29 breaks the errors down (``tp4``; rows with expert or
-        attention data parallelism are skipped before this, :func:`_layout_skip`)."""
-        return f"tp{self.tp}"
+        """The row's parallel layout as issues #29 and #30 break the errors down: ``tp4``, and the
+        attention data-parallel ranks and expert parallelism when the row has them (``tp1 dp8 ep8``:
+        8 ranks of whole attention, the experts split over the 8 GPUs)."""
+        parts = [f"tp{self.tp}"]
+        if self.data_parallel > 1:
+            parts.append(f"dp{self.data_parallel}")
+        if self.expert_parallel:
+            parts.append(f"ep{self.tp * self.data_parallel}")
+        return " ".join(parts)
 
 
 def read_rows(path: Path | None = None) -> list[Row]:
@@ -218,23 +252,49 @@ def _row(r) -> Row:
     precision = _text(r.precision) or _text(r.gemm_quant_mode)
     row = Row(id=r.id, engine=r.backend, version=_text(r.backend_version), model=r.model_path, system=r.system,
               precision=precision, tp=int(_num(r.tp_size, 0) or 0), isl=int(r.isl), osl=int(r.osl),
-              concurrency=int(_num(r.batch_size, 0) or 0), ttft_ms=float(r.silicon_ttft_ms),
+              concurrency=_concurrency(r), ttft_ms=float(r.silicon_ttft_ms),
               tpot_ms=float(r.silicon_tpot_ms), gemm_quant=_text(r.gemm_quant_mode))
     row.skip = _layout_skip(r, row)
     return row
 
 
+def _concurrency(r) -> int:
+    """The benchmark client's concurrency: ``silicon_concurrency`` where the row's data source names
+    it, else ``batch_size`` x ``attention_dp_size``. Under attention DP the corpus' ``batch_size`` is
+    per rank (H200 TRT-LLM DeepSeek-R1, tp 1 dp 8: batch_size 32 with silicon_concurrency=256; 168 of
+    the 169 aggregated attention-DP rows have silicon_concurrency = batch_size x dp); on every
+    priced row without attention DP the two are equal."""
+    m = re.search(r"silicon_concurrency=(\d+)", _text(getattr(r, "silicon_data_source", "")))
+    if m:
+        return int(m.group(1))
+    return int(_num(r.batch_size, 0) or 0) * int(_num(getattr(r, "attention_dp_size", 1), 1) or 1)
+
+
 def _layout_skip(r, row: Row) -> str:
+    """Why the row's layout is not one cbsim replica, or "" (and ``row.data_parallel`` /
+    ``row.expert_parallel`` set). One replica is ``tp`` attention GPUs per data-parallel rank,
+    ``attention_dp`` ranks stepping in lockstep, and the MoE over the same tp x dp GPUs, either
+    expert-parallel (``moe_ep`` = tp x dp, ``moe_tp`` 1) or tensor-parallel (``moe_tp`` = tp x dp);
+    the corpus' blank ``moe_tp_size`` means the attention's own tp x dp."""
     if r.mode != "agg":
         return f"mode {r.mode}: disaggregated rows are not replayed yet"
     if row.tp < 1 or row.concurrency < 1:
         return "no tp_size or concurrency"
     if (_num(r.pp_size, 1) or 1) != 1:
         return f"pipeline parallel {r.pp_size:g}: cbsim has no pipeline parallelism"
-    if (_num(r.attention_dp_size, 1) or 1) != 1:
-        return f"attention data parallel {r.attention_dp_size:g}"
-    if (_num(r.moe_ep_size, 1) or 1) != 1:
-        return f"expert parallel {r.moe_ep_size:g}"
+    dp = int(_num(r.attention_dp_size, 1) or 1)
+    ep = int(_num(r.moe_ep_size, 1) or 1)
+    gpus = row.tp * dp
+    # without expert parallelism the experts are tensor-parallel over the attention's GPUs; a dense
+    # model's rows carry moe_tp 1 (or 0, or blank) at any tp, so only a moe_tp above 1 is checked
+    given = int(_num(getattr(r, "moe_tp_size", None), 0) or 0)
+    mtp = (given or gpus // ep) if ep > 1 else (given if given > 1 else gpus)
+    if mtp * ep != gpus:
+        return (f"moe_tp {mtp} x moe_ep {ep} != tp {row.tp} x attention_dp {dp}: the experts are not on "
+                f"the attention's GPUs (not one replica)")
+    if ep > 1 and mtp > 1:
+        return f"experts both tensor- ({mtp}) and expert-parallel ({ep}): not modelled"
+    row.data_parallel, row.expert_parallel = dp, ep > 1
     return ""
 
 
@@ -272,8 +332,22 @@ def classify(rows: list[Row], allreduce: str = ALLREDUCE) -> None:
         if err:
             row.skip = f"model {row.model}: {err}"
             continue
-        if not row.precision:  # the corpus leaves it blank for unquantized checkpoints: their own dtype
-            row.precision = "fp8" if getattr(get_model(name), "quantization", None) == "fp8" else "bf16"
+        spec = get_model(name)
+        shipped = SHIPPED_EXPERTS.get(spec.expert_quantization or "")
+        if not row.precision or (shipped and row.precision == shipped):
+            # blank: an unquantized checkpoint in its own dtype; the experts' 4-bit format the
+            # checkpoint ships (SHIPPED_EXPERTS): the checkpoint as shipped
+            row.precision = "fp8" if getattr(spec, "quantization", None) == "fp8" else "bf16"
+        elif shipped:
+            row.skip = (f"precision {row.precision}: {row.model} ships {spec.expert_quantization} experts "
+                        f"(priced as shipped, precision {shipped})")
+            continue
+        if not row.expert_parallel and row.data_parallel > 1 and not spec.num_experts:
+            row.skip = f"attention data parallel {row.data_parallel} on a dense model: independent engines"
+            continue
+        if row.expert_parallel and not spec.num_experts:
+            row.skip = "expert parallel on a dense model"
+            continue
         if row.precision not in PRECISIONS:
             row.skip = f"precision {row.precision}: cbsim prices bf16 and fp8"
             continue
@@ -285,24 +359,57 @@ def classify(rows: list[Row], allreduce: str = ALLREDUCE) -> None:
             row.fp8_scaling = "block" if block else "tensor"
         row.gpu, row.config, row.policy = gpu, path, policy
         row.allreduce = allreduce_of(row, allreduce)
+        row.moe_path, row.mla = moe_path(spec, row), bool(spec.is_mla)
+        if row.moe_path and row.allreduce != "custom":
+            row.skip = (f"all-reduce {row.allreduce}: the MLA / MoE composition (calib/sources/kernel_db_moe.py) "
+                        f"prices the database's custom all-reduce only")
+
+
+def moe_path(spec, row: Row) -> bool:
+    """Whether the row's table is composed by ``calib.sources.kernel_db_moe`` (as ``cbsim calibrate
+    --from-kernel-db`` chooses, ``kernel_db_moe.takes``): an MLA model, 4-bit experts, or a layout
+    beyond tensor parallelism. Every other row keeps the dense path's table, key and cache."""
+    return bool(spec.is_mla or spec.expert_quantization or row.data_parallel > 1 or row.expert_parallel)
+
+
+def moe_part(key: tuple) -> tuple[int, bool, bool] | None:
+    """(data_parallel, expert_parallel, the MTP layer's table) of a kernel_db_moe key, None for a dense one."""
+    if len(key) > 7 and key[7] == "moe":
+        return key[8], key[9], key[10:] == ("mtp",)
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
 # tables: one per (GPU, model, TP, precision, engine), cached by the code that composes them
 # ------------------------------------------------------------------------------------------------
-def code_hash() -> str:
-    """Changes whenever the composition or the simulator's pricing could: the cache's key."""
+def code_hash(moe: bool = False, mtp: bool = False) -> str:
+    """Changes whenever the composition or the simulator's pricing could: the cache's key. The
+    tables of ``kernel_db_moe`` (``moe``) hash that module too, so the dense tables' key stays put."""
     h = hashlib.sha256()
     for rel in ("calib/sources/kernel_db.py", "calib/sources/kernel_db_comm.py", "sim/latency/table.py",
                 "sim/latency/engine_cpu.py"):
         h.update((ROOT / rel).read_bytes())
+    if moe:
+        h.update((ROOT / "calib/sources/kernel_db_moe.py").read_bytes())
+        h.update(repr(MLA_BLOCK_SIZE).encode())
+    if mtp:
+        h.update((ROOT / "calib/sources/kernel_db_mtp.py").read_bytes())
     return h.hexdigest()[:12]
 
 
+# FlashMLA's paged KV cache has 64-token blocks (vLLM's MLA backends require 64; SGLang and TRT-LLM
+# rows are run the same, as docs/models-2026.md's first replay did): the MLA tables and scenarios use it
+MLA_BLOCK_SIZE = 64
+
+
 def table_dir(key: tuple, digest: str) -> Path:
-    gpu, config, tp, precision, engine, scaling, allreduce = key
+    gpu, config, tp, precision, engine, scaling, allreduce = key[:7]
     slug = (f"{engine}-{gpu}-{config.replace('/', '--')}-tp{tp}-{precision}" + (f"-{scaling}" if scaling else "")
             + ("-nccl" if allreduce == "nccl" else ""))
+    moe = moe_part(key)
+    if moe is not None:  # kernel_db_moe: the layout beyond TP
+        dp, ep, mtp = moe
+        slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if mtp else "")
     return CACHE / digest / slug
 
 
@@ -312,14 +419,27 @@ def build_one(args) -> tuple[tuple, str, str]:
     out = table_dir(key, digest)
     if (out / "metadata.json").is_file():
         return key, str(out), ""
+    from calib.sources import kernel_db_moe
     from calib.sources.kernel_db import build_table
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
-    gpu, config, tp, precision, engine, scaling, allreduce = key
+    gpu, config, tp, precision, engine, scaling, allreduce = key[:7]
+    moe = moe_part(key)
     try:
-        comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
-                           allreduce=allreduce)
+        if moe is not None:
+            dp, ep, mtp = moe
+            block = MLA_BLOCK_SIZE if _is_mla(config) else 16
+            build = kernel_db_moe.build_table
+            if mtp:  # --mtp: the MTP layer's own table, in the row's layout
+                from calib.sources import kernel_db_mtp
+
+                build = kernel_db_mtp.build_table
+            comp = build(config, gpu, kernel_db_moe.Layout(tp, dp, ep), dtype=precision, engine=engine,
+                         block_size=block)
+        else:
+            comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
+                               allreduce=allreduce)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]
@@ -329,10 +449,69 @@ def build_one(args) -> tuple[tuple, str, str]:
     return key, str(out), ""
 
 
+# policies whose speculative decoding runs an MTP layer (policies/sglang.py NEXTN, policies/trtllm.py
+# MTPDecodingConfig, vLLM's deepseek_mtp)
+MTP_POLICIES = ("sglang", "trtllm", "vllm-v1")
+
+
+def mtp_section(text: str | None) -> dict | None:
+    """``--mtp K:RATE`` as a policy's speculative section (the draft table added per row)."""
+    if text is None:
+        return None
+    try:
+        k, rate = text.split(":")
+        k, rate = int(k), float(rate)
+    except ValueError:
+        raise SystemExit(f"--mtp {text!r}: give K:RATE, drafts per step and their acceptance, "
+                         f"e.g. --mtp 1:0.85") from None
+    if k < 1 or not 0.0 <= rate <= 1.0:
+        raise SystemExit(f"--mtp {text!r}: K must be at least 1 and RATE within [0, 1]")
+    return {"method": "mtp", "num_speculative_tokens": k, "acceptance": {"rate": rate}}
+
+
+def _has_mtp(config: str) -> bool:
+    from sim.hardware.models import get_model
+
+    return bool(get_model({"hf_config": config}).mtp_layers)
+
+
+def _digest(key: tuple) -> str:
+    """The cache digest of a table key: the dense path's, kernel_db_moe's, or the MTP layer's."""
+    moe = moe_part(key)
+    return code_hash(moe=moe is not None, mtp=bool(moe and moe[2]))
+
+
+def _is_mla(config: str) -> bool:
+    from sim.hardware.models import get_model
+
+    return bool(get_model(config).is_mla)
+
+
 # ------------------------------------------------------------------------------------------------
 # one row, closed-loop
 # ------------------------------------------------------------------------------------------------
-def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
+def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec: dict | None = None) -> dict:
+    sc = _scenario(row, table, rounds, send_gap_s)
+    if spec is not None:  # --mtp: a sensitivity, never the row's own result (the corpus does not say MTP)
+        sc["policies"][0]["speculative"] = spec
+    if row.moe_path:
+        # the layout beyond TP, and what docs/models-2026.md's replay ran these rows with: FlashMLA's
+        # 64-token blocks for MLA, and a TensorRT-LLM token budget of max(8192, prompt + clients). At its
+        # default 8192 with chunking off an 8192-token context enters only an empty step, which
+        # serialises those rows (attention DP 8 + EP 8 was then 1009 % off on TTFT); the corpus does
+        # not record what its runs set. The dense rows keep the engines' defaults (their published
+        # results); docs/models-2026.md gives the difference.
+        hw = sc["hardware"]
+        hw.update(data_parallel=row.data_parallel, expert_parallel=row.expert_parallel,
+                  count=row.tp * row.data_parallel)
+        if row.mla:
+            sc["engine"]["block_size"] = MLA_BLOCK_SIZE
+        if row.engine == "trtllm":
+            sc["engine"]["max_num_batched_tokens"] = max(8192, row.isl + row.concurrency)
+    return sc
+
+
+def _scenario(row: Row, table: str, rounds: int, send_gap_s: float = 0.0) -> dict:
     return {
         "name": f"silicon-{row.id}",
         "seed": 0,
@@ -383,10 +562,10 @@ def pilot_e2e(pilot, concurrency: int) -> float:
     return float(pilot.sort_values("arrival_s").iloc[concurrency:]["e2e_s"].mean())
 
 
-def phased_scenario(row: Row, table: str, rounds: int, cycle_s: float, start: str) -> dict:
+def phased_scenario(row: Row, table: str, rounds: int, cycle_s: float, start: str, spec: dict | None = None) -> dict:
     """The row with its clients' first sends placed over one cycle (``start``: random or even), one
     round more than ``rounds`` (the first is the ramp, not measured)."""
-    sc = scenario_of(row, table, rounds + 1, 0.0)
+    sc = scenario_of(row, table, rounds + 1, 0.0, spec)
     sc["workload"]["arrival"].update(ramp_s=round(cycle_s, 9), start=start)
     return sc
 
@@ -414,7 +593,8 @@ def simulate(args) -> Result:
     the ``random`` run's means as the others (:func:`opening_means`). Every row's ``extra`` keeps the
     pieces (``first_round``, ``warm_steady``, ``random_steady`` when run) for bench/opening_lomo.py.
     """
-    row, table, rounds, send_gap_s, phases = args
+    row, table, rounds, send_gap_s, phases = args[:5]
+    spec = args[5] if len(args) > 5 else None  # --mtp: the policy's speculative section
     import warnings
 
     import sim
@@ -425,7 +605,7 @@ def simulate(args) -> Result:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
+            pilot = sim.run(scenario_of(row, table, rounds, send_gap_s, spec)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
             e2e = pilot_e2e(pilot, row.concurrency)
             first = _means(pilot.sort_values("arrival_s").iloc[:row.concurrency])
@@ -433,7 +613,7 @@ def simulate(args) -> Result:
             res.extra["warm_steady"] = {"ttft_ms": out["warm"][0], "tpot_ms": out["warm"][1]}
             for phase in ("spread", "random"):
                 if phase in phases or (phase == "random" and "opening" in phases):
-                    sc = phased_scenario(row, table, rounds, e2e, "even" if phase == "spread" else "random")
+                    sc = phased_scenario(row, table, rounds, e2e, "even" if phase == "spread" else "random", spec)
                     out[phase] = _means(sim.run(sc).requests, after_s=e2e)
                     res.extra["ramp_s"] = e2e
             if "opening" in phases:
@@ -662,7 +842,7 @@ def print_report(rows: list[Row], results: list[Result], verbose: bool) -> None:
         t, p = e["ttft"], e["tpot"]
         print(f"{g:58s} {e['rows']:4d}  {t['median_abs']:14.1%} {t['p90_abs']:7.1%} {t['median_signed']:+7.1%}  "
               f"{p['median_abs']:14.1%} {p['p90_abs']:7.1%} {p['median_signed']:+7.1%}")
-    print(f"\n{'per parallel layout (group, TP degree)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} "
+    print(f"\n{'per parallel layout (group, TP/DP/EP)':58s} {'rows':>4s}  {'TTFT |err| med':>14s} {'p90':>7s} "
           f"{'signed':>7s}  {'TPOT |err| med':>14s} {'p90':>7s} {'signed':>7s}")
     for g, e in groups(results, by_layout=True).items():
         t, p = e["ttft"], e["tpot"]
@@ -753,6 +933,10 @@ def main(argv=None) -> int:
                     help="the all-reduce kernel the tables price (default auto: NCCL for TensorRT-LLM 1.0 rows, "
                          "the database's custom kernel otherwise)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--mtp", default=None, metavar="K:RATE",
+                    help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
+                         "speculative.method mtp with K drafts accepted at RATE, the drafter on the MTP "
+                         "layer's own kernel-db table (the corpus does not say which rows ran MTP)")
     ap.add_argument("--resume", action="store_true",
                     help="with --json: take the rows an earlier run of the same code and settings wrote there "
                          "(finished, or its OUT.partial after a crash) instead of simulating them again")
@@ -775,25 +959,29 @@ def main(argv=None) -> int:
     rows = select(read_rows(), args.only)
     classify(rows, args.allreduce)
     priced = [r for r in rows if not r.skip]
-    digest = code_hash()
-    keys = sorted({r.table_key for r in priced})
+    spec = mtp_section(args.mtp)
+    if spec is not None:
+        for r in priced:
+            r.mtp = r.mla and r.policy in MTP_POLICIES and _has_mtp(r.config)
+    keys = sorted({k for r in priced for k in (r.table_key, *([r.mtp_key] if r.mtp else []))}, key=str)
     tables: dict[tuple, str] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        for key, folder, err in pool.map(build_one, [(k, digest) for k in keys]):
+        for key, folder, err in pool.map(build_one, [(k, _digest(k)) for k in keys]):
             if err:
                 for r in priced:
-                    if r.table_key == key:
+                    if key in (r.table_key, r.mtp_key if r.mtp else None):
                         r.skip = f"kernel database: {err}"
             else:
                 tables[key] = folder
         t_tables = time.perf_counter() - t0
         priced = [r for r in priced if not r.skip]
         phases = [args.phase] + [p for p in (PHASES if args.compare_phases else ()) if p != args.phase]
-        settings = {"rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "phases": phases}
+        settings = {"rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "phases": phases, "mtp": args.mtp}
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)
-        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases) for r in todo]
+        work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases,
+                 {**spec, "draft_table": tables[r.mtp_key]} if r.mtp else None) for r in todo]
         if done:
             print(f"resumed: {sum(r.id in done for r in priced)} rows from {args.json} (or its .partial)")
         def landed(res: Result) -> None:
@@ -812,7 +1000,8 @@ def main(argv=None) -> int:
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(new)} rows simulated ({cpu:.0f} s CPU), {wall:.0f} s "
           f"wall on {args.workers} workers" + (f", {len(results) - len(new)} resumed" if done else ""))
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
-              "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "resume": partial.header if partial else None,
+              "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp,
+              "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),
               "groups_by_layout": groups(results, by_layout=True)}

@@ -13,7 +13,9 @@ Cases (each runs ``sim.run`` in a fresh subprocess, so its peak RSS is its own):
   load near capacity, where arrivals interrupt decode stretches every step or two, so it measures
   the cost of steps simulated one by one.
 * ``--scale``: the same Poisson workload at 10k, 100k and 1M requests, to show that the cost
-  grows linearly with the simulated work (and that 1M requests fit in bounded memory).
+  grows linearly with the simulated work (and that 1M requests fit in bounded memory): it prints
+  the CPU time per request, and the result frames' bytes per step and per request beside what the
+  run kept beyond them.
 
 Usage::
 
@@ -53,6 +55,7 @@ AZURE_CONV = REPO.parent / "shared" / "reference" / "traces" / "AzureLLMInferenc
 CAPACITY_PROBE_REQUESTS = 4000
 LOAD_FRACTION = 0.8
 POISSON_20K_RATE = 20.9754  # 80 % of the capacity search's result on this workload (bench/results.md)
+INTERPRETER_MB = 115  # peak RSS of a process that imported sim and ran nothing (bench/results.md, issue 33)
 TABLE_HEADER = ("| date | commit | case | requests | steps | wall s | cpu s | steps/s | requests/s "
                 "| peak RSS MB | wall vs previous | load | notes |")
 
@@ -120,6 +123,9 @@ def measure(scenario: dict) -> dict:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "token_times_in_memory": "token_times_s" in result.requests.columns,
         "itl_p50_s": summary["itl_s"]["p50"],
+        # the result frames' own bytes (strings included), to tell them from what a run keeps beside
+        "steps_frame_mb": result.steps.memory_usage(deep=True).sum() / 2**20,
+        "requests_frame_mb": result.requests.memory_usage(deep=True).sum() / 2**20,
     }
 
 
@@ -268,11 +274,16 @@ def main(argv: list[str] | None = None) -> int:
               f"({res['cpu_s']:.2f} s CPU, load {load:.1f}): {res['steps'] / res['wall_s']:,.0f} steps/s, "
               f"{res['requests'] / res['wall_s']:,.0f} requests/s, peak RSS {res['peak_rss_mb']:,.0f} MB{vs}")
     if args.scale and len(rows) > 1:
-        base = rows[0]["wall_s"] / rows[0]["requests"]
-        print("\nscaling: wall time per request relative to 10k")
+        base = rows[0]["cpu_s"] / rows[0]["requests"]
+        print("\nscaling: CPU time per request relative to 10k; memory: the frames' bytes per step and per "
+              f"request, and what the run kept beyond them and the interpreter ({INTERPRETER_MB} MB) per request")
         for r in rows:
-            print(f"  {r['requests']:>9,}  {r['wall_s']:8.2f} s  {r['wall_s'] / r['requests'] * 1e6:7.1f} us/request  "
-                  f"x{r['wall_s'] / r['requests'] / base:.2f}")
+            beyond = (r["peak_rss_mb"] - INTERPRETER_MB - r["steps_frame_mb"] - r["requests_frame_mb"]) * 2**20
+            print(f"  {r['requests']:>9,}  {r['cpu_s']:8.2f} s CPU  {r['cpu_s'] / r['requests'] * 1e6:7.1f} us/request  "
+                  f"x{r['cpu_s'] / r['requests'] / base:.2f}  peak {r['peak_rss_mb']:,.0f} MB: steps frame "
+                  f"{r['steps_frame_mb'] * 2**20 / r['steps']:.0f} B/step, requests frame "
+                  f"{r['requests_frame_mb'] * 2**20 / r['requests']:.0f} B/request, beyond "
+                  f"{beyond / r['requests']:.0f} B/request")
     if not args.no_record:
         record(rows)
     return 0

@@ -155,6 +155,7 @@ class Replica:
             self.on_progress(1)
         if self.on_end is not None:
             self.on_end(rec)
+        self.recorder.ended(rec)  # a compact recorder writes its row and lets the record go
 
     def loop(self):
         env, policy, records = self.env, self.policy, self.records
@@ -624,16 +625,21 @@ class Simulation:
                  on_progress: Callable[[int], None] | None = None, fast_forward: bool | None = None,
                  horizon_reason: str = HORIZON_REACHED, clients: SendPlan | ClosedLoop | None = None,
                  drain_s: float | None = None, cap_reason: Callable[[float], str] | None = None,
-                 acceptance=None, lockstep: int = 1):
+                 acceptance=None, lockstep: int = 1, compact: bool = False, release_specs: bool = False):
         """``clients``: closed-loop clients and sessions send the specs during the run instead of
         at their arrival times (:mod:`sim.clients`); without ``horizon_s`` time then stops ``drain_s``
         after the last send at the latest (the requests left get ``cap_reason(cap)``). ``acceptance``:
         the draws of accepted draft tokens when the policies speculate (:mod:`sim.speculative.acceptance`).
         ``lockstep`` > 1: consecutive groups of that many replicas are the data-parallel ranks of
-        one MoE engine, stepping together (:mod:`sim.lockstep`)."""
+        one MoE engine, stepping together (:mod:`sim.lockstep`). ``compact``: each request's record
+        is written to the recorder's table when it ends and let go (open loops only: clients read
+        the records); ``release_specs``: so is its entry of ``specs`` (the caller's list, which it
+        is done with: :func:`sim.runner.run_policy`'s ``release``)."""
         self.env = simpy.Environment()
         self.specs = specs
-        self.recorder = Recorder()
+        compact = compact and clients is None
+        self.recorder = Recorder(compact, specs if compact and release_specs and isinstance(specs, list) else None)
+        self.compact = compact
         self.horizon_s = horizon_s
         self.horizon_reason = horizon_reason  # why requests still held at horizon_s are unfinished
         self.cap_reason = cap_reason
@@ -641,10 +647,15 @@ class Simulation:
         if fast_forward is None:
             fast_forward = fast_forward_default()
         self.fast_forward = fast_forward
-        self.records = [RequestRecord(s) for s in specs]
-        for rec, own in zip(self.records, shareable_tokens(specs)):
-            rec.shareable = own
-            self.recorder.add_request(rec)
+        if compact:  # each record made as its request arrives (arrivals()), let go when it ends
+            self.records = [None] * len(specs)
+            self._own = shareable_tokens(specs)
+            self.recorder.expect(specs, self.records)
+        else:
+            self.records = [RequestRecord(s) for s in specs]
+            for rec, own in zip(self.records, shareable_tokens(specs)):
+                rec.shareable = own
+            self.recorder.add_requests(self.records)
         self.clients = None
         if clients is not None:
             from sim.clients import ClientClock, Clients, stamp_record
@@ -682,8 +693,19 @@ class Simulation:
             self.env.process(self.arrivals())
 
     def arrivals(self):
-        yield from arrivals_on_the_clock(self.env, self, self.records, self._route)
+        yield from arrivals_on_the_clock(self.env, self, self._arriving() if self.compact else self.records,
+                                         self._route)
         self._arrivals_over()
+
+    def _arriving(self):
+        """The records of a compact run, each made when the arrivals reach its spec."""
+        records, own = self.records, self._own
+        for i, spec in enumerate(self.specs):
+            rec = RequestRecord(spec)
+            rec.shareable = own[i]
+            rec.index = i
+            records[i] = rec
+            yield rec
 
     def _arrivals_over(self) -> None:
         for rep in getattr(self, "replicas", ()):  # closed loop with no requests: before the replicas exist
@@ -698,6 +720,8 @@ class Simulation:
             self.env.run(until=self.horizon_s)
         else:
             self.env.run()
+        if self.compact:  # the requests that never arrived get their records now, to be explained
+            self.recorder.open_the_rest(self._own)
         stop = self.clients.stopped_at if self.clients is not None else None
         if stop is not None:  # the closed loop's moving time cap (sim.clients)
             reason = self.cap_reason(stop) if self.cap_reason is not None else self.horizon_reason

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from policies.registry import POLICIES, make_policy
@@ -63,8 +64,12 @@ def time_limit(scn: Scenario, specs) -> tuple[float | None, bool]:
         return None, True
     if not specs:
         return DEFAULT_DRAIN_S, True
-    first = min(s.arrival_s for s in specs)
-    last = max(s.arrival_s for s in specs)
+    arrivals = getattr(specs, "arrival_s", None)  # sim.workload.spec_columns: no spec made for this
+    if arrivals is not None and not np.isnan(arrivals).any():
+        first, last = float(arrivals.min()), float(arrivals.max())
+    else:
+        first = min(s.arrival_s for s in specs)
+        last = max(s.arrival_s for s in specs)
     return last + max(DEFAULT_DRAIN_S, last - first), True
 
 
@@ -80,7 +85,7 @@ def backlog(requests: pd.DataFrame, end_s: float | None) -> dict:
     """What was left when simulated time stopped: requests that had arrived and never started
     (``queued``), had started and not finished (``running``: running, preempted or swapped), or
     had not arrived yet (``not_arrived``, only with a horizon before the last arrival)."""
-    left = requests[requests["state"] == "unfinished"]
+    left = requests.loc[requests["state"] == "unfinished", ["arrival_s", "admitted_s"]]  # not every column
     arrived = left["arrival_s"] < end_s if end_s is not None else left["arrival_s"] == left["arrival_s"]
     started = left["admitted_s"].notna()
     return {
@@ -122,7 +127,7 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
                      horizon_reason=cap_reason(end_s) if capped and end_s is not None else HORIZON_REACHED,
                      clients=send_plan(scn, specs), drain_s=DEFAULT_DRAIN_S, cap_reason=cap_reason,
                      acceptance=speculation.acceptance if speculation is not None else None,
-                     lockstep=dep.lockstep)
+                     lockstep=dep.lockstep, compact=True, release_specs=release)
     recorder = sim.run()
     if end_s is None:  # closed loop: where the moving cap stopped it, if it did
         end_s = sim.end_s
@@ -289,6 +294,9 @@ def workload_cuts(specs) -> dict[str, int]:
     prompts clipped to the context), so a run never changes a request without saying so."""
     from collections import Counter
 
+    cut = getattr(specs, "cut", None)  # sim.workload.spec_columns: one reason, a mask
+    if cut is not None:
+        return {specs.cut_reason: int(cut.sum())} if cut.any() else {}
     return dict(Counter(s.cut for s in specs if s.cut))
 
 

@@ -62,15 +62,76 @@ def test_layouts_cbsim_does_not_model_are_skipped_from_the_csv_row():
     from bench.silicon_accuracy import _layout_skip
 
     def csv(**kw):
-        base = dict(mode="agg", pp_size=1.0, attention_dp_size=float("nan"), moe_ep_size=1.0)
+        base = dict(mode="agg", pp_size=1.0, attention_dp_size=float("nan"), moe_ep_size=1.0,
+                    moe_tp_size=float("nan"))
         base.update(kw)
         return SimpleNamespace(**base)
 
     assert _layout_skip(csv(), _row()) == ""
     assert "disaggregated" in _layout_skip(csv(mode="disagg"), _row())
     assert "pipeline parallel 2" in _layout_skip(csv(pp_size=2.0), _row())
-    assert _layout_skip(csv(attention_dp_size=4.0), _row()) == "attention data parallel 4"
-    assert _layout_skip(csv(moe_ep_size=8.0), _row()) == "expert parallel 8"
+    # 64 "tp" ranks with the experts 8-way TP x 8-way EP (TRT-LLM's tp_size 64 rows): not one replica
+    assert _layout_skip(csv(moe_tp_size=8.0, moe_ep_size=8.0), _row(tp=64)) == (
+        "experts both tensor- (8) and expert-parallel (8): not modelled")
+    assert "not on the attention's GPUs" in _layout_skip(csv(moe_tp_size=4.0, moe_ep_size=2.0), _row(tp=4))
+    # the H200 vLLM Qwen3-235B rows at tp 1 with moe_tp 2: 235B of fp8 weights on 2 GPUs, not one
+    assert "moe_tp 2 x moe_ep 1 != tp 1" in _layout_skip(csv(moe_tp_size=2.0), _row(tp=1))
+
+
+def test_expert_and_attention_data_parallel_layouts_map_to_one_replica():
+    """Issue #30: tp attention GPUs per rank, attention_dp ranks, the experts over the same tp x dp GPUs
+    expert-parallel (moe_ep = tp x dp) or tensor-parallel (moe_tp = tp x dp, or blank)."""
+    from types import SimpleNamespace
+
+    from bench.silicon_accuracy import _layout_skip
+
+    def csv(dp, mtp, ep):
+        return SimpleNamespace(mode="agg", pp_size=1.0, attention_dp_size=dp, moe_tp_size=mtp, moe_ep_size=ep)
+
+    cases = [((8.0, 1.0, 8.0), 1, "tp1 dp8 ep8", 8, True), ((1.0, 1.0, 8.0), 8, "tp8 ep8", 1, True),
+             ((1.0, 8.0, 1.0), 8, "tp8", 1, False), ((4.0, float("nan"), 1.0), 1, "tp1 dp4", 4, False)]
+    for layout, tp, words, dp, ep in cases:
+        row = _row(tp=tp)
+        assert _layout_skip(csv(*layout), row) == ""
+        assert (row.layout, row.data_parallel, row.expert_parallel) == (words, dp, ep)
+
+
+def test_deepseek_gpt_oss_and_kimi_rows_are_priced_as_their_checkpoints_ship():
+    """MLA and 4-bit-expert rows take the kernel_db_moe path (their own table key, FlashMLA's blocks);
+    gpt-oss's fp4 and Kimi-K2.5's int4 rows are the shipped MXFP4 / INT4 experts; a dense row keeps the
+    dense path's key and scenario."""
+    from bench.silicon_accuracy import MLA_BLOCK_SIZE, _scenario, classify, code_hash, scenario_of, table_dir
+
+    rows = {"r1": _row(engine="sglang", model="deepseek-ai/DeepSeek-R1", tp=8),
+            "ep": _row(engine="trtllm", model="deepseek-ai/DeepSeek-V3", tp=1, isl=8192, concurrency=64,
+                       data_parallel=8, expert_parallel=True),
+            "oss": _row(model="openai/gpt-oss-120b", precision="fp4", tp=2),
+            "oss8": _row(engine="trtllm", model="openai/gpt-oss-120b", precision="fp8", tp=2),
+            "kimi": _row(model="moonshotai/Kimi-K2.5", precision="int4", tp=8),
+            "nvfp4": _row(engine="sglang", model="deepseek-ai/DeepSeek-R1", precision="fp4", tp=8),
+            "dense_dp": _row(data_parallel=2), "dense": _row()}
+    classify(list(rows.values()))
+    r1, ep, oss = rows["r1"], rows["ep"], rows["oss"]
+    assert r1.skip == "" and r1.moe_path and r1.mla and r1.config_name == "deepseek-ai/DeepSeek-V3"
+    assert r1.table_key == ("h200", "deepseek-ai/DeepSeek-V3", 8, "fp8", "sglang", "block", "custom",
+                            "moe", 1, False)
+    assert oss.skip == "" and oss.precision == "bf16" and oss.moe_path and not oss.mla
+    assert rows["kimi"].skip == "" and rows["kimi"].precision == "bf16" and rows["kimi"].mla
+    assert rows["oss8"].skip == ("precision fp8: openai/gpt-oss-120b ships mxfp4 experts (priced as shipped, "
+                                 "precision fp4)")
+    assert rows["nvfp4"].skip == "precision fp4: cbsim prices bf16 and fp8"
+    assert "dense model" in rows["dense_dp"].skip
+    dense = rows["dense"]
+    assert not dense.moe_path and len(dense.table_key) == 7  # the dense tables' key and cache, unchanged
+    assert code_hash(moe=True) != code_hash()
+    assert table_dir(ep.table_key, "d").name == "trtllm-h200-deepseek-ai--DeepSeek-V3-tp1-fp8-block-dp8-ep"
+    hw = scenario_of(ep, "t", 4)
+    assert hw["hardware"] == {"gpu": "h200", "tensor_parallel": 1, "count": 8, "data_parallel": 8,
+                              "expert_parallel": True}
+    assert hw["engine"]["block_size"] == MLA_BLOCK_SIZE
+    assert hw["engine"]["max_num_batched_tokens"] == 8192 + 64  # one prompt beside the other clients
+    assert "block_size" not in scenario_of(oss, "t", 4)["engine"]
+    assert scenario_of(dense, "t", 4) == _scenario(dense, "t", 4)
 
 
 def test_group_statistics_are_median_and_p90_of_the_absolute_error():
@@ -184,3 +245,51 @@ def test_opening_weighs_the_opening_wave_as_one_round_of_R_and_the_rest_at_the_d
     assert res.sim_ttft_ms == pytest.approx((1000.0 + (r - 1) * 100.0) / r)  # 190 ms
     assert res.sim_tpot_ms == pytest.approx((20.0 + (r - 1) * 10.0) / r)  # 11 ms
     assert sa.opening_means((1000.0, 20.0), (100.0, 10.0), 1) == pytest.approx((1000.0, 20.0))
+
+
+def test_mtp_sensitivity_runs_the_rows_policy_with_the_mtp_layers_own_table():
+    """``--mtp K:RATE`` (a sensitivity, never the row's result): the policy gets speculative.method mtp,
+    the drafter's table is the MTP layer's in the row's own layout (its own cache folder)."""
+    from bench.silicon_accuracy import classify, mtp_section, scenario_of, table_dir
+
+    assert mtp_section(None) is None
+    assert mtp_section("2:0.8") == {"method": "mtp", "num_speculative_tokens": 2, "acceptance": {"rate": 0.8}}
+    for bad in ("2", "x:0.8", "0:0.5", "1:1.5"):
+        with pytest.raises(SystemExit, match="--mtp"):
+            mtp_section(bad)
+    row = _row(engine="trtllm", model="deepseek-ai/DeepSeek-R1", tp=1, data_parallel=8, expert_parallel=True)
+    classify([row])
+    assert row.mtp_key == row.table_key + ("mtp",)
+    assert table_dir(row.mtp_key, "d").name == table_dir(row.table_key, "d").name + "-mtp"
+    spec = {**mtp_section("1:0.85"), "draft_table": "mtp-table"}
+    sc = scenario_of(row, "t", 4, spec=spec)
+    assert sc["policies"] == [{"name": "trtllm", "speculative": spec}]
+    assert scenario_of(row, "t", 4)["policies"] == [{"name": "trtllm"}]
+
+
+def test_the_clients_concurrency_is_the_data_sources_or_every_dp_ranks_batch():
+    """Under attention DP the corpus' batch_size is per rank: the client ran silicon_concurrency."""
+    from types import SimpleNamespace
+
+    from bench.silicon_accuracy import _concurrency
+
+    src = "db-dump/2026-04-27; config_id=1; silicon_concurrency=256; measured=2026-03-25"
+    def csv(source, dp):
+        return SimpleNamespace(silicon_data_source=source, batch_size=32.0, attention_dp_size=dp)
+
+    assert _concurrency(csv(src, 8.0)) == 256
+    assert _concurrency(csv("db-dump", 8.0)) == 256
+    assert _concurrency(SimpleNamespace(silicon_data_source=float("nan"), batch_size=16.0,
+                                        attention_dp_size=float("nan"))) == 16
+
+
+def test_a_dense_rows_moe_fields_do_not_skip_it():
+    """The corpus fills moe_tp_size 1 / moe_ep_size 1 (or 0) on dense rows at any TP: no layout check."""
+    from types import SimpleNamespace
+
+    from bench.silicon_accuracy import _layout_skip
+
+    for mtp, ep in ((1.0, 1.0), (0.0, 0.0), (float("nan"), float("nan"))):
+        row = _row(tp=4)
+        csv = SimpleNamespace(mode="agg", pp_size=1.0, attention_dp_size=1.0, moe_tp_size=mtp, moe_ep_size=ep)
+        assert _layout_skip(csv, row) == "" and row.layout == "tp4" and not row.expert_parallel

@@ -29,8 +29,9 @@ composition this reuses unchanged):
   for gpt-oss, INT4 weight-only experts (``int4_wo``) for Kimi-K2.5; context attention in bf16
   (the database has no FP8 context-MLA rows for these engines on Hopper).
 
-Multi-token prediction is refused: the MTP layers are a speculative-decoding draft, which cbsim
-does not simulate yet (``--nextn`` is not offered; the table prices the model without them).
+The table prices the target without its multi-token-prediction layers (the engines load them only
+as a speculative-decoding draft); ``--draft mtp`` composes the MTP layer's own table
+(:mod:`calib.sources.kernel_db_mtp`) for ``speculative.draft_table``.
 """
 
 from __future__ import annotations
@@ -237,10 +238,31 @@ def build_table(
     max_num_seqs: int = 1024,
 ):
     """:func:`calib.sources.kernel_db.build_table` for a :class:`Layout` (and MLA models)."""
-    from calib.sources.kernel_db import Grids, compose, require_aiconfigurator, resolve_model
+    from calib.sources.kernel_db import require_aiconfigurator, resolve_model
 
     require_aiconfigurator()
-    source = resolve_model(model)
+    return compose_source(resolve_model(model), gpu, layout, dtype=dtype, engine=engine,
+                          engine_version=engine_version, block_size=block_size,
+                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                          max_num_seqs=max_num_seqs)
+
+
+def compose_source(
+    source: ModelSource,
+    gpu: str,
+    layout: Layout,
+    *,
+    dtype: str | None = None,
+    engine: str = "vllm",
+    engine_version: str | None = None,
+    block_size: int = 16,
+    max_num_batched_tokens: int = 16384,
+    max_model_len: int = 32768,
+    max_num_seqs: int = 1024,
+):
+    """The table of one resolved model source (the target, or its MTP layer) for ``layout``."""
+    from calib.sources.kernel_db import Grids, compose
+
     if dtype is None:
         dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
     db = MoeKernelDb(source, gpu, layout, dtype=dtype, engine=engine, engine_version=engine_version)

@@ -60,7 +60,10 @@ def calibrate_cmd(
                                   "without peer access or NVLink; docs/trtllm.md)"),
     draft: str = typer.Option(None, "--draft", help="with --from-kernel-db: the table of --model's speculative "
                                                     "head instead (eagle or eagle3: one layer at its width and "
-                                                    "the head's LM head), for speculative.draft_table"),
+                                                    "the head's LM head; mtp: the model's own multi-token-"
+                                                    "prediction layer, one MLA + MoE layer and its LM head, at "
+                                                    "--tp / --data-parallel / --expert-parallel), for "
+                                                    "speculative.draft_table"),
     draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="with --draft: rows of the head's LM "
                                          "head (default: the model's vocabulary for eagle, 32000 for eagle3)"),
     data_parallel: int = typer.Option(1, "--data-parallel", help="with --from-kernel-db: data-parallel attention "
@@ -256,7 +259,15 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     if allreduce != "custom" and (draft is not None or kernel_db_moe.takes(model, layout)):
         raise CbsimError(f"--allreduce {allreduce} prices dense models' tensor-parallel tables; drop it for "
                          "--draft and for MLA, 4-bit-expert, expert- or data-parallel tables")
-    if draft is not None:  # the speculative head's table (dense: one layer at the model's width)
+    if draft == "mtp":  # the model's own MTP layer (one MLA + MoE layer), in the target's layout
+        if draft_vocab_size is not None:
+            raise CbsimError("--draft-vocab-size goes with --draft eagle or eagle3 (an MTP layer predicts over "
+                             "the target's own vocabulary with the target's LM head)")
+        from calib.sources import kernel_db_mtp
+
+        comp = kernel_db_mtp.build_table(model, gpu, layout, dtype=dtype, engine=engine,
+                                         engine_version=engine_version, block_size=block_size, **limits)
+    elif draft is not None:  # the speculative head's table (dense: one layer at the model's width)
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
                            block_size=block_size, draft=draft, draft_vocab_size=draft_vocab_size, **limits)
     elif kernel_db_moe.takes(model, layout):  # MLA, 4-bit experts, expert or data parallelism

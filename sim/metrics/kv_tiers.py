@@ -46,7 +46,7 @@ def returning_turn_ttft(requests: pd.DataFrame) -> dict | None:
     """TTFT p50 / mean of sessions' first and returning turns (None without sessions)."""
     if "turn" not in requests or not (requests["turn"] >= 0).any():
         return None
-    done = requests[requests["state"] == "finished"]
+    done = requests.loc[requests["state"] == "finished", ["turn", "ttft_s"]]
     first, later = done[done["turn"] == 0]["ttft_s"], done[done["turn"] >= 1]["ttft_s"]
 
     def stats(x):

@@ -15,6 +15,7 @@ from policies.base import Request, Status
 from sim.metrics.steps import ReplicaSteps
 
 HORIZON_REACHED = "horizon reached"  # the reason of requests still held when simulated time stops
+_NAN = float("nan")  # one object for every time not reached yet (not three floats per request)
 _FINISHED = Status.FINISHED
 
 
@@ -51,14 +52,15 @@ class RequestRecord:
         "tier_hit_tokens",
         "kv_load_s",
         "prefix_hit_tokens",
+        "index",  # the request's row in its recorder (sim.metrics.request_table)
     )
 
     def __init__(self, spec, replica: int = 0) -> None:
         self.spec = spec
         self.replica = replica
-        self.admitted_s = float("nan")
-        self.first_token_s = float("nan")
-        self.finish_s = float("nan")
+        self.admitted_s = _NAN
+        self.first_token_s = _NAN
+        self.finish_s = _NAN
         self.state = "unfinished"
         self.reason = ""
         self.refused = False  # rejected for the load at the time (policies.base.Request.refused)
@@ -79,6 +81,7 @@ class RequestRecord:
         self.tier_hit_tokens = 0
         self.kv_load_s = 0.0
         self.prefix_hit_tokens = 0  # prompt tokens not computed at admission: GPU and tier hits
+        self.index = -1
 
     @property
     def generated(self) -> int:
@@ -262,8 +265,8 @@ def emit_caught_up(scheduled: list[Request], records: dict[str, RequestRecord], 
 def explain_unfinished(records, horizon_s: float | None, horizon_reason: str = HORIZON_REACHED) -> None:
     """When a run stops: requests that are unfinished with no reason yet were held (queued,
     running or not yet arrived) at the horizon (``horizon_reason``), or, without one, never
-    scheduled."""
+    scheduled. None entries are requests a compact recorder already let go (they ended)."""
     reason = horizon_reason if horizon_s is not None else "never scheduled"
     for rec in records:
-        if rec.state == "unfinished" and not rec.reason:
+        if rec is not None and rec.state == "unfinished" and not rec.reason:
             rec.reason = reason

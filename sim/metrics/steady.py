@@ -47,7 +47,7 @@ MIN_SESSION_LIFETIMES = 2.0
 
 def turnover_s(requests: pd.DataFrame) -> float:
     """Median seconds from admission to last token of the finished requests (0 without any)."""
-    fin = requests[requests["state"] == "finished"]
+    fin = requests.loc[requests["state"] == "finished", ["finish_s", "admitted_s"]]  # not every column
     service = fin["finish_s"].to_numpy(dtype=float) - fin["admitted_s"].to_numpy(dtype=float)
     service = service[~np.isnan(service)]
     return float(np.median(service)) if service.size else 0.0
@@ -66,7 +66,7 @@ def session_scale(requests: pd.DataFrame) -> float:
     when they do or without sessions."""
     if "session" not in requests:
         return 1.0
-    r = requests[requests["session"] >= 0]
+    r = requests.loc[requests["session"] >= 0, ["session", "arrival_s", "finish_s"]]
     if r.empty:
         return 1.0
     arrival = r["arrival_s"].to_numpy(dtype=float)

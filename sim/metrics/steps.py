@@ -1,9 +1,17 @@
 """Per-step records: the step table's columns and each replica's rows, kept as typed arrays.
 
 Why a module of its own: the engine appends one row per step (and batches of pure-decode rows
-at once) on its hot path, so a replica's rows are ``array`` columns of 8-byte values, never
-Python objects or DataFrames; turning them into the ``steps`` frame, merged over replicas in the
-order the steps ended, happens once at the end. Column layout and merge live here together.
+at once) on its hot path, so a replica's rows are typed ``array`` columns, never Python objects
+or DataFrames; turning them into the ``steps`` frame, merged over replicas in the order the steps
+ended, happens once at the end. Column layout and merge live here together.
+
+Memory: a million-request run has three million steps, so the bytes per step are the run's
+memory. Counts (tokens, requests, blocks) are stored as 4-byte ints (``array('i')``, the frame's
+``int32``): every one is bounded by a batch, a KV pool or a workload, all far below 2**31. A
+value that does not fit (a pool of more than two billion tokens) widens that replica's int
+columns to 8 bytes (``int64`` in the frame) rather than failing. Times, ``flops``, ``bytes`` and
+``swap_s`` stay 8-byte floats (or ``int64`` when every value was an integer). A single replica's
+frame columns are views of its buffers, not copies (:func:`merge_steps_frame`).
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ ADDED_STEP_COLUMNS = ("prefix_hit_tokens",)
 _FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes", "swap_s")
 _MAYBE_INT = ("flops", "bytes")  # int64 in the frame if every value was an integer
 _EXACT_INT_FLOAT = 2**53
+COUNT_DTYPE = np.int32  # the frame's dtype of the count columns, and of ``replica`` and ``step``
+_NUMPY_OF = {"i": np.int32, "q": np.int64, "d": np.float64}
 
 
 def _raw(values) -> np.ndarray:
@@ -64,11 +74,26 @@ class ReplicaSteps:
 
     def __init__(self, replica: int) -> None:
         self.replica = replica
-        self.columns = {c: array("d" if c in _FLOAT_COLUMNS else "q") for c in STORED_COLUMNS}
+        self.columns = {c: array("d" if c in _FLOAT_COLUMNS else "i") for c in STORED_COLUMNS}
         self.ends = array("d")  # the clock when each step ended: the time of its tokens
         self.all_int = {c: True for c in _MAYBE_INT}
+        self._bind()
+
+    def _bind(self) -> None:
         cols = self.columns
         self._append = tuple(cols[c].append for c in STORED_COLUMNS[:-3])
+
+    def _widen(self) -> None:
+        """A count did not fit in 4 bytes: drop the row being appended (columns longer than
+        ``ends``) and make every int column 8 bytes wide."""
+        if all(col.typecode != "i" for col in self.columns.values()):
+            raise OverflowError("a step count does not fit in 8 bytes")
+        n = len(self.ends)
+        for name, col in self.columns.items():
+            del col[n:]
+            if col.typecode == "i":
+                self.columns[name] = array("q", col)
+        self._bind()
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -78,37 +103,42 @@ class ReplicaSteps:
                spec_proposed: int = 0, spec_accepted: int = 0) -> None:
         """One step's row: its times, its shape and plan, and the policy's figures after it
         (after ``finish_step``)."""
-        reserved, used = policy.kv_tokens_reserved_and_used()
-        (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
-         a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp, a_prop, a_acc, a_hit) = self._append
-        a_start(start)
-        a_dur(duration)
-        a_run(policy.num_running)
-        a_wait(policy.num_waiting)
-        a_seqs(shape.num_seqs)
-        a_pre(shape.prefill_tokens)
-        a_dec(shape.decode_tokens)
-        a_tok(shape.num_tokens)
-        a_pad(plan.padding_tokens)
-        a_adm(len(plan.admitted))
-        a_fin(n_finished)
-        a_pree(len(plan.preempted))
-        a_rej(len(plan.rejected))
-        a_so(plan.swap_out_blocks)
-        a_si(plan.swap_in_blocks)
-        a_kv(policy.kv_blocks_used())
-        a_cpu(policy.cpu_blocks_used())
-        a_res(reserved)
-        a_used(used)
-        a_recomp(recomputed)
-        a_prop(spec_proposed)
-        a_acc(spec_accepted)
-        hits = plan.prefix_hit_tokens
-        a_hit(sum(hits.values()) if hits else 0)
-        self._add_maybe_int("flops", flops)
-        self._add_maybe_int("bytes", bytes_)
-        self.columns["swap_s"].append(swap_s)
-        self.ends.append(end)
+        try:
+            reserved, used = policy.kv_tokens_reserved_and_used()
+            (a_start, a_dur, a_run, a_wait, a_seqs, a_pre, a_dec, a_tok, a_pad, a_adm, a_fin, a_pree,
+             a_rej, a_so, a_si, a_kv, a_cpu, a_res, a_used, a_recomp, a_prop, a_acc, a_hit) = self._append
+            a_start(start)
+            a_dur(duration)
+            a_run(policy.num_running)
+            a_wait(policy.num_waiting)
+            a_seqs(shape.num_seqs)
+            a_pre(shape.prefill_tokens)
+            a_dec(shape.decode_tokens)
+            a_tok(shape.num_tokens)
+            a_pad(plan.padding_tokens)
+            a_adm(len(plan.admitted))
+            a_fin(n_finished)
+            a_pree(len(plan.preempted))
+            a_rej(len(plan.rejected))
+            a_so(plan.swap_out_blocks)
+            a_si(plan.swap_in_blocks)
+            a_kv(policy.kv_blocks_used())
+            a_cpu(policy.cpu_blocks_used())
+            a_res(reserved)
+            a_used(used)
+            a_recomp(recomputed)
+            a_prop(spec_proposed)
+            a_acc(spec_accepted)
+            hits = plan.prefix_hit_tokens
+            a_hit(sum(hits.values()) if hits else 0)
+            self._add_maybe_int("flops", flops)
+            self._add_maybe_int("bytes", bytes_)
+            self.columns["swap_s"].append(swap_s)
+            self.ends.append(end)
+        except OverflowError:  # a count past 2**31: 8-byte columns from here on, and the row again
+            self._widen()
+            self.append(end, start, duration, policy, shape, plan, n_finished, flops, bytes_, swap_s, recomputed,
+                        spec_proposed, spec_accepted)
 
     def _add_maybe_int(self, name: str, value) -> None:
         if self.all_int[name] and isinstance(value, float):
@@ -122,34 +152,41 @@ class ReplicaSteps:
         """Rows of ``k`` pure-decode steps at once: ``times`` holds the clock before the first
         step and after each one (``k + 1`` values). ``finished`` requests end in the last step,
         leaving ``running_after`` running."""
-        k = len(durations)
-        cols = self.columns
-        cols["start_s"].frombytes(_raw(times[:-1]))
-        cols["duration_s"].frombytes(_raw(durations))
-        for name, value in (("running", running), ("waiting", waiting), ("num_seqs", num_seqs),
-                            ("decode_tokens", num_seqs), ("batch_tokens", num_seqs),
-                            ("cpu_blocks_used", cpu_blocks_used)):
-            cols[name].extend(array("q", (value,)) * k)
-        zeros = array("q", (0,)) * k
-        for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
-                     "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens",
-                     "spec_proposed", "spec_accepted", "prefix_hit_tokens"):
-            cols[name].extend(zeros)
-        if finished:
-            cols["finished"][-1] = finished
-            cols["running"][-1] = running_after
-        cols["swap_s"].extend(array("d", (0.0,)) * k)
-        cols["kv_blocks_used"].extend(kv_blocks_used)
-        cols["kv_reserved_tokens"].extend(reserved)
-        cols["kv_used_tokens"].extend(used)
-        for name, values in (("flops", flops), ("bytes", bytes_)):
-            if values.dtype.kind == "f":
-                self.all_int[name] = False
-            cols[name].frombytes(_raw(values))
-        self.ends.frombytes(_raw(times[1:]))
+        try:
+            k = len(durations)
+            cols = self.columns
+            cols["start_s"].frombytes(_raw(times[:-1]))
+            cols["duration_s"].frombytes(_raw(durations))
+            for name, value in (("running", running), ("waiting", waiting), ("num_seqs", num_seqs),
+                                ("decode_tokens", num_seqs), ("batch_tokens", num_seqs),
+                                ("cpu_blocks_used", cpu_blocks_used)):
+                cols[name].extend(array(cols[name].typecode, (value,)) * k)
+            zeros = array(cols["admitted"].typecode, (0,)) * k
+            for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
+                         "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens",
+                         "spec_proposed", "spec_accepted", "prefix_hit_tokens"):
+                cols[name].extend(zeros)
+            if finished:
+                cols["finished"][-1] = finished
+                cols["running"][-1] = running_after
+            cols["swap_s"].extend(array("d", (0.0,)) * k)
+            cols["kv_blocks_used"].extend(kv_blocks_used)
+            cols["kv_reserved_tokens"].extend(reserved)
+            cols["kv_used_tokens"].extend(used)
+            for name, values in (("flops", flops), ("bytes", bytes_)):
+                if values.dtype.kind == "f":
+                    self.all_int[name] = False
+                cols[name].frombytes(_raw(values))
+            self.ends.frombytes(_raw(times[1:]))
+        except OverflowError:  # a count past 2**31: 8-byte columns from here on, and the rows again
+            self._widen()
+            self.extend_decodes(times, durations, running, waiting, num_seqs, kv_blocks_used, cpu_blocks_used,
+                                reserved, used, flops, bytes_, finished, running_after)
 
     def column(self, name: str) -> np.ndarray:
-        values = np.frombuffer(self.columns[name], dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)
+        """The stored column as an array over its buffer (no copy; int32, int64 or float64)."""
+        col = self.columns[name]
+        values = np.frombuffer(col, dtype=_NUMPY_OF[col.typecode])
         if name in _MAYBE_INT and self.all_int[name] and (not len(values) or np.abs(values).max() < _EXACT_INT_FLOAT):
             return values.astype(np.int64)
         return values
@@ -170,20 +207,21 @@ def merge_steps_frame(replicas) -> pd.DataFrame:
     cols: dict[str, np.ndarray] = {}
     if len(reps) <= 1:
         rep = reps[0] if reps else None
-        cols["replica"] = np.full(n, rep.replica if rep else 0, dtype=np.int64)
-        cols["step"] = np.arange(n, dtype=np.int64)
+        cols["replica"] = np.full(n, rep.replica if rep else 0, dtype=COUNT_DTYPE)
+        cols["step"] = np.arange(n, dtype=COUNT_DTYPE if n < 2**31 else np.int64)
         for name in STORED_COLUMNS:
-            cols[name] = rep.column(name) if rep else np.zeros(0, dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)
+            cols[name] = rep.column(name) if rep else np.zeros(0, dtype=np.float64 if name in _FLOAT_COLUMNS else COUNT_DTYPE)
     else:
-        replica = np.concatenate([np.full(len(s), s.replica, dtype=np.int64) for s in reps])
+        replica = np.concatenate([np.full(len(s), s.replica, dtype=COUNT_DTYPE) for s in reps])
         order = np.lexsort((replica, np.concatenate([s.end_times() for s in reps])))
         cols["replica"] = replica[order]
-        cols["step"] = np.arange(n, dtype=np.int64)
+        del replica
+        cols["step"] = np.arange(n, dtype=COUNT_DTYPE if n < 2**31 else np.int64)
         for name in STORED_COLUMNS:
             parts = [s.column(name) for s in reps]
             if name in _MAYBE_INT and len({p.dtype for p in parts}) > 1:
                 parts = [p.astype(np.float64) for p in parts]
-            cols[name] = np.concatenate(parts)[order]
+            cols[name] = np.concatenate(parts)[order]  # a replica widened to int64: int64 for all
     # the columns are fresh arrays or views of the replicas' buffers, which no longer change:
     # no copy (one block per column)
     return pd.DataFrame(cols, columns=list(STEP_COLUMNS), copy=False)

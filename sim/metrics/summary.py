@@ -98,12 +98,23 @@ def run_meets_slo(requests: pd.DataFrame, slo) -> bool | None:
     return True
 
 
+def _rows(requests: pd.DataFrame, mask, columns) -> pd.DataFrame:
+    """The rows of ``mask``, only the ``columns`` the caller reads (those the frame has): a
+    boolean selection copies every column it keeps, which for a million requests is the
+    largest allocation of the summary."""
+    return requests.loc[mask, [c for c in columns if c in requests.columns]]
+
+
+_VERDICT_COLUMNS = ("state", "refused", "ttft_s", "tpot_s", "e2e_s")  # meets_slo_mask, run_meets_slo
+
+
 def steady_summary(requests: pd.DataFrame, slo=None) -> dict:
     """The ``steady`` block of a summary: the window, offered vs achieved rate, and the latency
     figures and SLO verdict of the requests arriving in it (nulls when the window is too short)."""
     window = steady_window(requests)
     arr = requests["arrival_s"]
-    inside = requests[(arr >= window[0]) & (arr < window[1])] if window else requests.iloc[:0]
+    inside = _rows(requests, (arr >= window[0]) & (arr < window[1]) if window else np.zeros(len(requests), bool),
+                   _VERDICT_COLUMNS)
     turnover = turnover_s(requests)
     too_short = (window is None or len(inside) < MIN_WINDOW_REQUESTS
                  or window[1] - window[0] < MIN_WINDOW_TURNOVERS * turnover
@@ -136,6 +147,8 @@ def weighted_mean(values: pd.Series, weights: pd.Series) -> float | None:
     w = weights.to_numpy(dtype=float)
     v = values.to_numpy(dtype=float)
     mask = ~np.isnan(v)
+    if mask.all():  # no value missing: the arrays themselves (a selection copies every step's)
+        return float(np.average(v, weights=w)) if len(v) and w.sum() > 0 else None
     if not mask.any() or w[mask].sum() <= 0:
         return None
     return float(np.average(v[mask], weights=w[mask]))
@@ -159,7 +172,8 @@ def cut_requests(requests: pd.DataFrame, max_model_len: int | None = None) -> di
     vLLM's finish reason "length"), by why: ``max_model_len`` (prompt + output filled the context,
     whether through the engine's ``max_tokens`` fill-in or the context check) or ``max_tokens``
     (the client's own limit)."""
-    fin = requests[requests["state"] == "finished"]
+    fin = _rows(requests, requests["state"] == "finished", ("generated", "output_tokens", "prompt_tokens",
+                                                             "max_tokens"))
     gen = fin["generated"].to_numpy()
     short = gen < fin["output_tokens"].to_numpy()
     if max_model_len is not None:
@@ -178,7 +192,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, max_slots: int,
     without it). ``itl``: the ITL figures (``{"mean", "p50", "p90", "p99"}``) computed elsewhere: the
     runner passes ``sim.metrics.recorder.Recorder.itl_stats()`` (exact, from runs of token times; the only
     source when a large run keeps no ``token_times_s``); None computes them from ``token_times_s``."""
-    finished = requests[requests["state"] == "finished"]
+    finished = _rows(requests, requests["state"] == "finished",
+                     ("finish_s", "generated", "prompt_tokens", "tpot_s", "e2e_s")
+                     + (("token_times_s",) if itl is None else ()))
     n_fin = len(finished)
     if n_fin:
         span = float(finished["finish_s"].max() - requests["arrival_s"].min())

@@ -47,12 +47,17 @@ def all_end_times(replicas) -> np.ndarray:
 def flat_token_times(replicas, records) -> tuple[np.ndarray, np.ndarray]:
     """Every token time of ``records``, flattened, and each record's token count."""
     starts, lengths, _ = token_run_arrays(replicas, records)
+    return flat_times_of_runs(replicas, starts, lengths), np.asarray([r.generated for r in records], dtype=np.int64)
+
+
+def flat_times_of_runs(replicas, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Every token time of the runs (``token_run_arrays``' first two), flattened in run order."""
     total = int(lengths.sum())
     if total == 0:
-        return np.zeros(0), np.asarray([r.generated for r in records], dtype=np.int64)
+        return np.zeros(0)
     run_off = np.cumsum(lengths) - lengths
     idx = np.arange(total, dtype=np.int64) + np.repeat(starts - run_off, lengths)
-    return all_end_times(replicas)[idx], np.asarray([r.generated for r in records], dtype=np.int64)
+    return all_end_times(replicas)[idx]
 
 
 def itl_stats_from_runs(replicas, records) -> dict:
@@ -64,9 +69,14 @@ def itl_stats_from_runs(replicas, records) -> dict:
     gaps across runs are added one by one. Percentiles are order statistics of that
     multiset, interpolated as ``numpy.percentile`` does (its default, linear method), so
     they equal what ``numpy.percentile`` gives on the full list."""
+    return itl_stats_of_runs(replicas, *token_run_arrays(replicas, records))
+
+
+def itl_stats_of_runs(replicas, starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> dict:
+    """:func:`itl_stats_from_runs` from the run arrays (``token_run_arrays``, or the request
+    table's :meth:`sim.metrics.request_table.RequestTable.token_run_arrays`)."""
     from sim.metrics.summary import PERCENTILES
 
-    starts, lengths, counts = token_run_arrays(replicas, records)
     ends = all_end_times(replicas)
     n_steps = len(ends)
     weight = np.zeros(n_steps + 1, dtype=np.int64)
@@ -99,8 +109,9 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray, percentiles) -> dict
     out = {"mean": float(np.dot(values, weights.astype(np.float64)) / n)}
     order = np.argsort(values, kind="stable")
     v = values[order]
-    cum = np.cumsum(weights[order])
+    cum = weights[order]
     del order
+    np.cumsum(cum, out=cum)  # in place: one step-sized array fewer at a long run's peak
 
     def nth(i: int) -> np.float64:  # the i-th smallest element (0-based) of the multiset
         return v[int(np.searchsorted(cum, i, side="right"))]

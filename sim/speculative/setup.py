@@ -163,6 +163,11 @@ def speculation_for(dep, entry) -> Speculation | None:
         path = cfg.draft_table
         if not Path(path).exists() and path in shipped_table_names():  # a shipped table by name
             path = shipped_table_path(path, "speculative.draft_table")
-        draft.use_table(TableLatency.from_path(path, draft.spec, dep.gpu, dep.tensor_parallel, dep.block_size))
+        from sim.hardware.kv_capacity import expert_parallel
+
+        # an MTP layer is an MoE layer: its table is made for the scenario's layout, as the target's
+        draft.use_table(TableLatency.from_path(path, draft.spec, dep.gpu, dep.tensor_parallel, dep.block_size,
+                                               data_parallel=dep.data_parallel,
+                                               expert_parallel=expert_parallel(scn.hardware)))
     return Speculation(cfg, Acceptance(rates, scn.seed), draft, entry.name,
                        entry.knobs() if hasattr(entry, "knobs") else {})

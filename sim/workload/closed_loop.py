@@ -103,7 +103,8 @@ class SendPlan:
 def send_plan(scenario, specs) -> SendPlan | None:
     """The scenario's sends during the run: closed-loop clients, sessions, or both; None when every
     request arrives at its own time (open loop, no sessions)."""
-    in_sessions = any(s.session >= 0 for s in specs)
+    # sim.workload.spec_columns: requests of their own content, none in a session
+    in_sessions = not getattr(specs, "all_own", False) and any(s.session >= 0 for s in specs)
     w = scenario.workload
     closed_wanted = w.requests is None and w.arrival.process == "closed"
     if not closed_wanted and not in_sessions:

@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.errors import ScenarioError
+from sim.workload import spec_columns
 from sim.workload.draws import OUTPUT, PREFIX, PROMPT, ROWS, rng, sample_lengths, synthetic_arrivals
 from sim.workload.request_spec import RequestSpec
 
@@ -168,6 +169,10 @@ def build_workload(scenario: Scenario) -> list[RequestSpec]:
     else:
         arrivals = _fit_to_clock(scenario, np.asarray(arrivals, dtype=float), replay)
         order = np.argsort(arrivals, kind="stable")
+    if sessions is None and trace_runs is None and groups is None and n >= spec_columns.COLUMNS_FROM:
+        # every request's content its own: kept as columns, each spec made when asked for
+        return spec_columns.SpecColumns(arrivals[order], prompt[order], output[order], max_tokens[order],
+                                        clipped[order], PROMPT_CLIPPED)
     width = max(6, len(str(max(n - 1, 0))))
     specs = []
     arr_l, c_l = arrivals[order].tolist(), clipped[order].tolist()

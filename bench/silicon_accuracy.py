@@ -26,7 +26,11 @@ ep8``: issue #29's bounds are per TP degree, issue #30's per layout; also in ``-
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
 ``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
-The whole priceable set runs in a process pool over rows (``--workers``, default: every core).
+The whole priceable set runs in a process pool over rows (``--workers``, default: every core), the
+longest first by the CPU time each row took last time (:func:`longest_first`), so the workers end
+together; with ``--json`` every finished row is appended to ``OUT.json.partial`` as it lands and
+``--resume`` takes the rows of an earlier run of the same code and settings (:class:`Partial`), so
+a crash or a time limit loses no finished row.
 """
 
 from __future__ import annotations
@@ -540,6 +544,7 @@ class Result:
     tpot_err: float = float("nan")
     error: str = ""
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # the worker's CPU time on the row (what a loaded machine does not inflate)
     extra: dict = field(default_factory=dict)
 
 
@@ -549,6 +554,30 @@ def _means(req, after_s: float = -1.0, skip_first: int = 0) -> tuple[float, floa
     req = req.iloc[skip_first:]
     req = req[req["arrival_s"] >= after_s]
     return float(req["ttft_s"].mean()) * 1e3, float(req["tpot_s"].mean()) * 1e3
+
+
+def pilot_e2e(pilot, concurrency: int) -> float:
+    """A request's mean end-to-end time after the opening wave (the first ``concurrency`` sends) of a
+    ``wave`` run: the cycle over which ``random`` and ``spread`` place the clients' first sends."""
+    return float(pilot.sort_values("arrival_s").iloc[concurrency:]["e2e_s"].mean())
+
+
+def phased_scenario(row: Row, table: str, rounds: int, cycle_s: float, start: str, spec: dict | None = None) -> dict:
+    """The row with its clients' first sends placed over one cycle (``start``: random or even), one
+    round more than ``rounds`` (the first is the ramp, not measured)."""
+    sc = scenario_of(row, table, rounds + 1, 0.0, spec)
+    sc["workload"]["arrival"].update(ramp_s=round(cycle_s, 9), start=start)
+    return sc
+
+
+def random_phase_run(row: Row, table: str, rounds: int, send_gap_s: float):
+    """The default phase's run of a row (its pilot first), and the send time from which its requests
+    are measured: what bench/engine_cpu_lomo.py stretches."""
+    import sim
+
+    pilot = sim.run(scenario_of(row, table, rounds, send_gap_s)).requests
+    e2e = pilot_e2e(pilot, row.concurrency)
+    return sim.run(phased_scenario(row, table, rounds, e2e, "random")), e2e
 
 
 def simulate(args) -> Result:
@@ -571,22 +600,20 @@ def simulate(args) -> Result:
     import sim
     from sim.errors import CbsimError
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = Result(row.id, row.group, row.ttft_ms, row.tpot_ms, row.layout)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pilot = sim.run(scenario_of(row, table, rounds, send_gap_s, spec)).requests
             out = {"wave": _means(pilot), "warm": _means(pilot, skip_first=row.concurrency)}
-            e2e = float(pilot.sort_values("arrival_s").iloc[row.concurrency:]["e2e_s"].mean())
+            e2e = pilot_e2e(pilot, row.concurrency)
             first = _means(pilot.sort_values("arrival_s").iloc[:row.concurrency])
             res.extra["first_round"] = {"ttft_ms": first[0], "tpot_ms": first[1]}
             res.extra["warm_steady"] = {"ttft_ms": out["warm"][0], "tpot_ms": out["warm"][1]}
             for phase in ("spread", "random"):
                 if phase in phases or (phase == "random" and "opening" in phases):
-                    sc = scenario_of(row, table, rounds + 1, 0.0, spec)
-                    sc["workload"]["arrival"]["ramp_s"] = round(e2e, 9)
-                    sc["workload"]["arrival"]["start"] = "even" if phase == "spread" else "random"
+                    sc = phased_scenario(row, table, rounds, e2e, "even" if phase == "spread" else "random", spec)
                     out[phase] = _means(sim.run(sc).requests, after_s=e2e)
                     res.extra["ramp_s"] = e2e
             if "opening" in phases:
@@ -599,8 +626,155 @@ def simulate(args) -> Result:
                                for k, v in out.items() if k in phases}
     except CbsimError as exc:
         res.error = str(exc)[:200]
-    res.wall_s = time.perf_counter() - t0
+    res.wall_s, res.cpu_s = time.perf_counter() - t0, time.process_time() - c0
     return res
+
+
+# ------------------------------------------------------------------------------------------------
+# running many rows: longest first, each result kept as it lands, resumable
+# ------------------------------------------------------------------------------------------------
+COSTS = CACHE / "row_cpu_s.json"  # row id -> the CPU seconds its last simulation took (any code version)
+
+
+def cost_estimate(row: Row, rounds: int = ROUNDS, known: dict[str, float] | None = None) -> float:
+    """Seconds a row is expected to take: its last measured CPU time when one is known, else one
+    microsecond per decoded token (concurrency x rounds x output), the order of a vLLM row that
+    fast-forwards little. Only the order of the work depends on it, never a result."""
+    if known and row.id in known:
+        return known[row.id] * rounds / ROUNDS
+    return row.concurrency * rounds * (row.osl + 1) * 1e-6
+
+
+def known_costs() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(COSTS.read_text(encoding="utf-8")).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def remember_costs(results: list[Result], rounds: int) -> None:
+    """Fold the rows' measured CPU times into :data:`COSTS` (atomically: several runs share the cache)."""
+    costs = known_costs()
+    costs.update({r.id: round(r.cpu_s * ROUNDS / rounds, 3) for r in results if r.cpu_s > 0})
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = COSTS.with_name(COSTS.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(costs, sort_keys=True), encoding="utf-8")
+        tmp.rename(COSTS)
+    except OSError:
+        pass  # an unwritable cache costs only the ordering of the next run
+
+
+def longest_first(rows: list[Row], rounds: int = ROUNDS) -> list[Row]:
+    """The rows in the order a pool should take them: the longest first, so that the last task a
+    worker picks up is a short one and the workers end together."""
+    known = known_costs()
+    return sorted(rows, key=lambda r: (-cost_estimate(r, rounds, known), r.id))
+
+
+def results_digest() -> str:
+    """Changes whenever a row's result could: the code of the simulator, the policies, the composition
+    and this bench, as Python sees it (the syntax tree without docstrings: a comment or a docstring
+    edited between a run and its ``--resume`` changes nothing). A partial or finished ``--json``
+    report is resumed only under the same digest."""
+    import ast
+
+    h = hashlib.sha256()
+    files = [ROOT / "bench" / "silicon_accuracy.py"]
+    for pkg in ("sim", "policies", "calib/sources"):
+        files += sorted((ROOT / pkg).rglob("*.py"))
+    for f in files:
+        tree = ast.parse(f.read_bytes())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(ast.dump(tree).encode())
+    return h.hexdigest()[:12]
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+class Partial:
+    """The ``--json`` report's rows as they land: one JSON line per row in ``OUT.partial`` after a
+    header line with the settings and the code's digest, appended and flushed per row, so a crash
+    or a kill loses no finished row. ``--resume`` takes the rows of an earlier partial or finished
+    report written under the same settings and digest instead of simulating them again."""
+
+    def __init__(self, out: Path, settings: dict, resume: bool) -> None:
+        self.path = partial_path(out)
+        self.header = {"settings": settings, "code": results_digest()}
+        self.done: dict[str, Result] = {}
+        if resume:
+            self.done = self._earlier(out)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(self.header) + "\n")
+            for r in self.done.values():
+                f.write(json.dumps(asdict(r), default=str) + "\n")
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def _earlier(self, out: Path) -> dict[str, Result]:
+        done: dict[str, Result] = {}
+        if out.is_file():  # a finished report
+            try:
+                report = json.loads(out.read_text(encoding="utf-8"))
+            except ValueError:
+                report = {}
+            if report.get("resume") == self.header:
+                done.update({d["id"]: Result(**d) for d in report.get("rows", [])})
+        if self.path.is_file():
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            if lines and _json_or_none(lines[0]) == self.header:
+                for line in lines[1:]:
+                    d = _json_or_none(line)  # a line cut short by a crash is simulated again
+                    if isinstance(d, dict) and "id" in d:
+                        done[d["id"]] = Result(**d)
+        return done
+
+    def add(self, res: Result) -> None:
+        self._f.write(json.dumps(asdict(res), default=str) + "\n")
+        self._f.flush()
+
+    def close(self, finished: bool) -> None:
+        self._f.close()
+        if finished:
+            self.path.unlink(missing_ok=True)
+
+
+def _json_or_none(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def run_rows(pool, work: list[tuple], on_result=None, show_progress: bool | None = None) -> list[Result]:
+    """``simulate`` over ``work`` in the pool, in the order given (longest first), each result
+    handed to ``on_result`` as it lands; a progress bar on a terminal names the last row done."""
+    from concurrent.futures import as_completed
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    show = console.is_terminal if show_progress is None else show_progress
+    results = []
+    with Progress(TextColumn("rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, transient=True, disable=not show) as bar:
+        task = bar.add_task("", total=len(work))
+        futures = [pool.submit(simulate, w) for w in work]
+        for fut in as_completed(futures):
+            res = fut.result()
+            results.append(res)
+            if on_result is not None:
+                on_result(res)
+            bar.update(task, advance=1, description=f"last: {res.id} ({res.wall_s:.1f} s)")
+    return results
 
 
 # ------------------------------------------------------------------------------------------------
@@ -763,11 +937,16 @@ def main(argv=None) -> int:
                     help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
                          "speculative.method mtp with K drafts accepted at RATE, the drafter on the MTP "
                          "layer's own kernel-db table (the corpus does not say which rows ran MTP)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --json: take the rows an earlier run of the same code and settings wrote there "
+                         "(finished, or its OUT.partial after a crash) instead of simulating them again")
     ap.add_argument("--verbose", action="store_true", help="every row and every skip reason")
     ap.add_argument("--stamp", type=Path, action="append", default=[],
                     help="a kernel-db table folder whose metadata.json gets its GPU's corpus error (repeatable)")
     ap.add_argument("--from-json", type=Path, default=None, help="stamp from a report --json wrote, without a run")
     args = ap.parse_args(argv)
+    if args.resume and args.json is None:
+        raise SystemExit("--resume takes the rows of an earlier --json report: give that --json OUT.json too")
     if args.from_json is not None:
         report = json.loads(args.from_json.read_text())
         for table in args.stamp:
@@ -796,25 +975,41 @@ def main(argv=None) -> int:
                 tables[key] = folder
         t_tables = time.perf_counter() - t0
         priced = [r for r in priced if not r.skip]
-        # longest first, so the pool's last task is a short one
-        priced.sort(key=lambda r: -(r.concurrency * args.rounds * (r.osl + 1)))
         phases = [args.phase] + [p for p in (PHASES if args.compare_phases else ()) if p != args.phase]
+        settings = {"rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "phases": phases, "mtp": args.mtp}
+        partial = Partial(args.json, settings, args.resume) if args.json is not None else None
+        done = partial.done if partial is not None else {}
+        todo = longest_first([r for r in priced if r.id not in done], args.rounds)
         work = [(r, tables[r.table_key], args.rounds, args.send_gap_ms * 1e-3, phases,
-                 {**spec, "draft_table": tables[r.mtp_key]} if r.mtp else None) for r in priced]
-        results = list(pool.map(simulate, work, chunksize=1))
+                 {**spec, "draft_table": tables[r.mtp_key]} if r.mtp else None) for r in todo]
+        if done:
+            print(f"resumed: {sum(r.id in done for r in priced)} rows from {args.json} (or its .partial)")
+        def landed(res: Result) -> None:
+            if partial is not None:
+                partial.add(res)
+            remember_costs([res], args.rounds)  # as it lands: a run cut short still orders the next
+
+        new = run_rows(pool, work, landed)
+        by_id = {**done, **{r.id: r for r in new}}
+        results = [by_id[r.id] for r in priced]  # the corpus' order, whatever order they ran in
     wall = time.perf_counter() - t0
+    cpu = sum(r.cpu_s for r in new)
     print_report(rows, results, args.verbose)
     if args.compare_phases:
         print_phases(results, phases)
-    print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(results)} rows simulated, {wall:.0f} s wall on "
-          f"{args.workers} workers")
+    print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(new)} rows simulated ({cpu:.0f} s CPU), {wall:.0f} s "
+          f"wall on {args.workers} workers" + (f", {len(results) - len(new)} resumed" if done else ""))
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
-              "phase": args.phase, "wall_s": wall, "mtp": args.mtp,
+              "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp,
+              "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),
               "groups_by_layout": groups(results, by_layout=True)}
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1, default=str))
+        tmp = args.json.with_name(args.json.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(report, indent=1, default=str))
+        tmp.rename(args.json)
+        partial.close(finished=True)
     for table in args.stamp:
         stamp(table, json.loads(json.dumps(report, default=str)))
     return 0

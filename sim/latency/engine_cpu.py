@@ -64,7 +64,13 @@ DEFAULTS: dict[tuple[str, tuple[int, ...]], EngineCpu] = {
         "vLLM issue #10634 (early V1, Llama-2-7B, batch 256, ShareGPT): 5-6 ms between two decode steps "
         "(the scheduler contending for the GIL with the frontend's IPC); later V1 releases run the "
         "engine core in its own process with a persistent input batch. "
-        "1.5 ms + 10 us per sequence: 4.1 ms at 256 sequences, below that early-V1 gap."),
+        "1.5 ms + 10 us per sequence: 4.1 ms at 256 sequences, below that early-V1 gap. Checked on the "
+        "corpus' 311 vLLM rows (AIConfigurator's silicon_sample.csv) leave-one-model-out, "
+        "bench/engine_cpu_lomo.py --engine vllm: asynchronous it is never longer than those rows' GPU steps "
+        "(no row's TPOT moves); a global term chosen on the other models, asynchronous or synchronous, "
+        "made 3 of 4 held-out models worse (Llama-3.1-70B 7.1 % -> 14.5 % median |TPOT err|), and the "
+        "same figure synchronous helps Qwen3-32B (17.6 % -> 7.2 %) but not Llama-3.1-70B (7.1 % -> "
+        "10.8 %), so it stays as it is (docs/accuracy-corpus.md)."),
     ("sglang", (0, 4)): EngineCpu(
         "sglang", "0.4 and later (overlap scheduler on by default)", 0.0, 40e-6,
         "Per request and step: the scheduler's process_batch_result_decode (append each request's token, "
@@ -76,7 +82,7 @@ DEFAULTS: dict[tuple[str, tuple[int, ...]], EngineCpu] = {
         "it at 1,024 (180 vs 39 ms; a slow tokenizer: up to ~176 us per request); #29367: the tokenizer "
         "manager is the bottleneck at high concurrency. 40 us per sequence is a global term fitted on "
         "the corpus' SGLang rows (AIConfigurator's silicon_sample.csv) with leave-one-model-out checking, "
-        "bench/sglang_cpu_lomo.py: chosen on Llama-3.1-8B H200 (median |TPOT err| 19.7 % -> 13.3 %), "
+        "bench/engine_cpu_lomo.py: chosen on Llama-3.1-8B H200 (median |TPOT err| 19.7 % -> 13.3 %), "
         "held-out Qwen3-32B H100 13.6 % -> 13.6 % (its GPU steps are longer than 40 us x its <= 128 "
         "sequences, so it neither confirms nor refutes the figure). No per-step fixed part: the "
         "Qwen3-32B H100 TP 8 rows measure 7.6-8.8 ms TPOT at 16 clients, and a fixed part fitted on the "

@@ -495,19 +495,20 @@ def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec
     if spec is not None:  # --mtp: a sensitivity, never the row's own result (the corpus does not say MTP)
         sc["policies"][0]["speculative"] = spec
     if row.moe_path:
-        # the layout beyond TP, and what docs/models-2026.md's replay ran these rows with: FlashMLA's
-        # 64-token blocks for MLA, and a TensorRT-LLM token budget of max(8192, prompt + clients). At its
-        # default 8192 with chunking off an 8192-token context enters only an empty step, which
-        # serialises those rows (attention DP 8 + EP 8 was then 1009 % off on TTFT); the corpus does
-        # not record what its runs set. The dense rows keep the engines' defaults (their published
-        # results); docs/models-2026.md gives the difference.
+        # the layout beyond TP, and FlashMLA's 64-token blocks for MLA
         hw = sc["hardware"]
         hw.update(data_parallel=row.data_parallel, expert_parallel=row.expert_parallel,
                   count=row.tp * row.data_parallel)
         if row.mla:
             sc["engine"]["block_size"] = MLA_BLOCK_SIZE
-        if row.engine == "trtllm":
-            sc["engine"]["max_num_batched_tokens"] = max(8192, row.isl + row.concurrency)
+    if row.engine == "trtllm":
+        # A TensorRT-LLM token budget of max(8192, prompt + clients), dense and MoE rows alike. At its
+        # default 8192 with chunking off an 8192-token context enters only an empty step, which
+        # serialises those rows (one sequence a step: 1,000-2,100 s simulated TTFT on the H200/B200
+        # Llama-3.1-70B 8192-token rows against 1.7-47 s measured; attention DP 8 + EP 8 was 1009 %
+        # off), so the runs cannot have used it; the corpus does not record what they set. Rows whose
+        # prompt and clients fit 8192 keep the default.
+        sc["engine"]["max_num_batched_tokens"] = max(8192, row.isl + row.concurrency)
     return sc
 
 

@@ -34,45 +34,49 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def serial_intake(a_s: float, b_s: float):
-    """Wrap ``Clients._send`` and ``Clients.bound`` so each send reaches the router after a FIFO
-    intake of ``a_s + b_s x prompt tokens`` per request; returns the undo function."""
+    """Wrap ``Clients.__init__`` and ``Clients.bound`` so each send reaches the router after a FIFO
+    intake of ``a_s + b_s x prompt tokens`` per request (the clients' ``deliver`` is delayed; their
+    ``all_sent`` waits for the last delivery); returns the undo function."""
     import sim.clients as C
 
-    send, bound = C.Clients._send, C.Clients.bound
+    init, bound = C.Clients.__init__, C.Clients.bound
 
-    def _send(self, ev):
-        heapq.heappop(self.pending)
-        now = self.env.now
-        index, client = ev.value
-        item = self.items[index]
-        self.sent += 1
-        self.stamp(item, now, client)
-        if now > self.last_s:
-            self.last_s = now
-            if self.drain_s is not None:
-                self.deadline = self._cap()
-        done = max(now, getattr(self, "_intake_free", 0.0)) + a_s + b_s * item.spec.prompt_tokens
-        self._intake_free = done
-        heapq.heappush(self.__dict__.setdefault("_intake", []), done)
+    def _init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        route, finish = self.deliver, self.all_sent
+        self._intake, self._intake_free, self._delivered, self._sent_all = [], 0.0, 0, False
 
-        def deliver(e, self=self):
-            heapq.heappop(self._intake)
-            self._delivered = getattr(self, "_delivered", 0) + 1
-            self.deliver(e.value)
-            if self._delivered == self.n:  # the engine may stop once everything is in: after the intake
-                self.all_sent()
+        def deliver(item):
+            now = self.env.now
+            done = max(now, self._intake_free) + a_s + b_s * item.spec.prompt_tokens
+            self._intake_free = done
+            heapq.heappush(self._intake, done)
 
-        self.env.timeout(done - now, value=item).callbacks.append(deliver)
+            def land(_):
+                heapq.heappop(self._intake)
+                self._delivered += 1
+                route(item)
+                if self._sent_all and self._delivered == self.n:  # the engine may stop once all is in
+                    finish()
+
+            self.env.timeout(done - now).callbacks.append(land)
+
+        def all_sent():
+            self._sent_all = True
+            if self._delivered == self.n:
+                finish()
+
+        self.deliver, self.all_sent = deliver, all_sent
 
     def _bound(self, own, replicas):
         b = bound(self, own, replicas)
         waiting = self.__dict__.get("_intake")
         return min(b, waiting[0]) if waiting else b
 
-    C.Clients._send, C.Clients.bound = _send, _bound
+    C.Clients.__init__, C.Clients.bound = _init, _bound
 
     def undo():
-        C.Clients._send, C.Clients.bound = send, bound
+        C.Clients.__init__, C.Clients.bound = init, bound
 
     return undo
 

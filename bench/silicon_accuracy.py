@@ -139,9 +139,15 @@ def allreduce_of(row: Row, choice: str = ALLREDUCE) -> str:
     prefixes = NCCL_VERSIONS.get(row.engine, ())
     return "nccl" if row.tp > 1 and any(row.version.startswith(v + ".") for v in prefixes) else "custom"
 # Requests per client the ``opening`` variant assumes the benchmark sent (the one global parameter; its
-# leave-one-model-out check is bench/opening_lomo.py). 10 is the tools' own convention where it is
-# written down: ai-dynamo/dynamo benchmarks/llm/perf.sh (--request-count 10N), InferenceMAX
-# (--num-prompts 10 x concurrency); the corpus does not say which its collector used.
+# leave-one-model-out check is bench/opening_lomo.py). 10 is the tools' own count where it is written
+# down: AIConfigurator's own eval runs genai-perf at --request-count 10N --warmup-request-count 2N
+# (ai-dynamo/aiconfigurator src/aiconfigurator/eval/benchmarks/genai_perf_runner.py) and SGLang's
+# bench_serving at --num-prompts 10N with no warm-up (bench_serving_runner.py); ai-dynamo/dynamo
+# benchmarks/llm/perf.sh and InferenceMAX use 10N too. A warm-up does not remove the opening wave:
+# aiperf waits for every warm-up response before profiling starts (docs/tutorials/warmup.md, "Grace
+# Period"), so the counted 10N requests open with all N clients together. Whether the corpus' rows
+# came from that eval is not in the CSV. A fixed *duration* instead of a fixed count, and a one-off
+# cost, are tested against the rows by bench/phase_lomo.py (docs/accuracy-corpus.md: refuted).
 OPENING_ROUNDS = 10
 
 

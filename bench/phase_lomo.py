@@ -182,6 +182,23 @@ def print_implied(ps: list[Piece]) -> None:
         print(f"{g:54s} " + " ".join(cells) + "   " + " ".join(outs))
 
 
+def print_excess(ps: list[Piece]) -> None:
+    """The measured TTFT above the diffused steady state, by clients: an opening wave counted over a
+    fixed count grows with the clients (its wave does); a per-request cost the simulation lacks does not."""
+    print("\nmeasured TTFT - the steady state (`random`), ms (median): by clients")
+    bins = [_bin(b[0]) for b in CLIENT_BINS]
+    print(f"{'group (GPU engine model)':54s} " + " ".join(f"{b:>7s}" for b in bins))
+    by_group: dict[str, list[Piece]] = defaultdict(list)
+    for p in ps:
+        by_group[p.group].append(p)
+    for g, rs in sorted(by_group.items()):
+        cells = []
+        for b in bins:
+            v = [p.real_ttft - p.steady[0] for p in rs if _bin(p.clients) == b]
+            cells.append(f"{quantile(v, 0.5):7.0f}" if v else f"{'-':>7s}")
+        print(f"{g:54s} " + " ".join(cells))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", type=Path, nargs="+", help="silicon_accuracy.py --phase opening --json reports")
@@ -194,6 +211,7 @@ def main(argv=None) -> int:
     if not ps:
         raise SystemExit("no row with the opening pieces: run silicon_accuracy.py --phase opening --json")
     print_implied(ps)
+    print_excess(ps)
     models = sorted({p.model for p in ps})
     print(f"\nleave one model out ({len(ps)} rows, {len(models)} models): each form's parameter chosen on the "
           "other models' rows, median |TTFT err| (|TPOT err|) of the held-out model")

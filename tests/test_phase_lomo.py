@@ -117,7 +117,7 @@ def test_reports_are_read_with_the_corpus_lengths_and_rows_without_pieces_are_le
     assert [(p.clients, p.osl) for p in ps] == [(8, 101), (16, 101), (8, 1001), (16, 1001)]
     assert pl.main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "implied rounds" in out and "least held-out error" in out and "m/A" in out
+    assert "implied rounds" in out and "the steady state" in out and "least held-out error" in out and "m/A" in out
 
 
 def test_a_missing_report_is_a_one_line_error(tmp_path):

@@ -3,7 +3,7 @@
 What it answers: ``bench/silicon_accuracy.py --phase opening`` prices a corpus row as a benchmark that
 counts every request of a run whose clients start together: the opening wave (all N clients' first
 requests) is one round of R, the other R - 1 rounds sit at the clients' diffused steady state. What
-R is, and whether the run was a fixed count at all, is not in the CSV. Three descriptions of the
+R is, and whether the run was a fixed count at all, is not in the CSV. Four descriptions of the
 collection are tested here, each with one global parameter chosen on the other models' rows
 (leave-one-model-out, as ``bench/opening_lomo.py`` does for R alone):
 

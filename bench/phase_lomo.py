@@ -160,14 +160,18 @@ def _bin(c: int) -> str:
     return f"{lo}+" if hi >= 10**9 else f"{lo}-{hi}"
 
 
+def _by_group(ps: list[Piece]) -> list[tuple[str, list[Piece]]]:
+    by_group: dict[str, list[Piece]] = defaultdict(list)
+    for p in ps:
+        by_group[p.group].append(p)
+    return sorted(by_group.items())
+
+
 def print_implied(ps: list[Piece]) -> None:
     print("implied rounds (the R at which `rounds R` meets the measured TTFT; median, rows with one): by clients")
     bins = [_bin(b[0]) for b in CLIENT_BINS]
     print(f"{'group (GPU engine model)':54s} " + " ".join(f"{b:>7s}" for b in bins) + "   by output length")
-    by_group: dict[str, list[Piece]] = defaultdict(list)
-    for p in ps:
-        by_group[p.group].append(p)
-    for g, rs in sorted(by_group.items()):
+    for g, rs in _by_group(ps):
         cells = []
         for b in bins:
             v = [implied_rounds(p.real_ttft, p.first[0], p.steady[0]) for p in rs if _bin(p.clients) == b]
@@ -188,10 +192,7 @@ def print_excess(ps: list[Piece]) -> None:
     print("\nmeasured TTFT - the steady state (`random`), ms (median): by clients")
     bins = [_bin(b[0]) for b in CLIENT_BINS]
     print(f"{'group (GPU engine model)':54s} " + " ".join(f"{b:>7s}" for b in bins))
-    by_group: dict[str, list[Piece]] = defaultdict(list)
-    for p in ps:
-        by_group[p.group].append(p)
-    for g, rs in sorted(by_group.items()):
+    for g, rs in _by_group(ps):
         cells = []
         for b in bins:
             v = [p.real_ttft - p.steady[0] for p in rs if _bin(p.clients) == b]
@@ -232,10 +233,7 @@ def main(argv=None) -> int:
     print("\nchosen on all rows: " + ", ".join(f"{f.name} {chosen[f.name]:g} {f.unit}" for f in FORMS))
     print(f"{'group (GPU engine model)':54s} {'rows':>4s}  " + "  ".join(f"{f.name:>16s}" for f in FORMS)
           + "   (median |TTFT err| at the all-rows choice)")
-    by_group: dict[str, list[Piece]] = defaultdict(list)
-    for p in ps:
-        by_group[p.group].append(p)
-    for g, rs in sorted(by_group.items()):
+    for g, rs in _by_group(ps):
         print(f"{g:54s} {len(rs):4d}  " + "  ".join(f"{median_abs(rs, f, chosen[f.name]):16.1%}" for f in FORMS))
     return 0
 

@@ -411,3 +411,19 @@ def _attention_of_chunks(table, model, chunks, kdb):
     shape = step_shape(plan)
     rest = kdb.interp(table, "linear", sum(chunks)) + kdb.interp(table, "per_seq", len(chunks))
     return latency.price(shape, plan)[0] - latency._fixed - rest
+
+
+def test_a_reference_row_faster_than_dram_leaves_aiconfigurators_rate(kdb):
+    """gpt-oss-120b (H200, vLLM): half its layers slide over 128 keys, so the reference decode row
+    reads far less than 128 x 4096 keys a layer and comes out faster than 4.8 TB/s; such a row says
+    nothing of the DRAM's rate, and the floor keeps AIConfigurator's 0.8 x mem_bw."""
+    from calib.sources import kernel_db_moe
+
+    db = kernel_db_moe.MoeKernelDb(kdb.resolve_model("openai/gpt-oss-120b"), "h200", kernel_db_moe.Layout(1, 1, 1),
+                                   dtype="bf16", engine="vllm")
+    keys = kdb.STREAM_REF_CONTEXT + 1
+    measured = sum(op.seconds for op in db.decode_attn_ops(kdb.STREAM_REF_BATCH, kdb.STREAM_REF_CONTEXT,
+                                                           floor=False).values())
+    moved = db.spec.num_layers * kdb.STREAM_REF_BATCH * keys * db.spec.kv_layer_bytes_per_token(1)
+    assert moved / measured > 4.8e12
+    assert db.kv_stream_rate() == pytest.approx(0.8 * 4.8e12)

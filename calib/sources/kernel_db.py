@@ -423,8 +423,8 @@ class KernelDb:
         database's own generation-attention row of this model's heads reaches at
         :data:`STREAM_REF_BATCH` sequences of :data:`STREAM_REF_CONTEXT` cached tokens (a KV cache
         no L2 holds, so that row was read from DRAM), never below AIConfigurator's ``mem_bw x
-        mem_bw_empirical_scaling_factor`` (0.8, its rate for small elementwise kernels) and never
-        above ``mem_bw``.
+        mem_bw_empirical_scaling_factor`` (0.8, its rate for small elementwise kernels); a row
+        faster than ``mem_bw`` did not read those bytes from DRAM and leaves AIConfigurator's rate.
 
         Why not 0.8 everywhere: the database's decode kernels stream a large KV cache faster than
         that. Its rows of 8 KV heads of 128 (Llama-3.1-8B, TP 1) at 128 x 4095, 64 x 8191 and
@@ -444,8 +444,10 @@ class KernelDb:
             layers = self.spec.num_layers
             fixed = layers * float(g.get("mem_empirical_constant_latency", 0.0))
             moved = layers * STREAM_REF_BATCH * keys * self.spec.kv_layer_bytes_per_token(self.tp)
-            rate = moved / (measured - fixed) if measured > fixed else peak
-            self._stream_rate = min(peak, max(lowest, rate))
+            rate = moved / (measured - fixed) if measured > fixed else float("inf")
+            # faster than the DRAM can deliver: the row did not stream those bytes from DRAM (gpt-oss's
+            # sliding-window layers read 128 keys, not 4,096), so it cannot say the rate
+            self._stream_rate = lowest if rate > peak else max(lowest, rate)
         return self._stream_rate
 
     def kv_reread_seconds(self, batch: int, keys: int) -> float:
@@ -858,8 +860,8 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                     f"{db.kv_stream_rate() / 1e12:.4g} TB/s + "
                     f"{db.gpu_spec.get('mem_empirical_constant_latency', 0.0)} s (AIConfigurator's memory-op "
                     "formula, at the rate the database's own decode row of "
-                    f"{STREAM_REF_BATCH} x {STREAM_REF_CONTEXT} tokens streams its KV, within [mem_bw x "
-                    f"{db.gpu_spec.get('mem_bw_empirical_scaling_factor', 1.0)}, mem_bw]; "
+                    f"{STREAM_REF_BATCH} x {STREAM_REF_CONTEXT} tokens streams its KV, never below mem_bw x "
+                    f"{db.gpu_spec.get('mem_bw_empirical_scaling_factor', 1.0)}; "
                     "KernelDb.kv_stream_rate): its collector replays each kernel on one KV "
                     "cache in a CUDA graph, so batches whose KV fits in L2 were measured faster than a served "
                     "step, whose KV is cold, can run (operator 'kv_dram_floor', source 'modelled')",

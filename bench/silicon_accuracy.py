@@ -59,12 +59,13 @@ ENGINE_POLICIES = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "trtllm"}
 
 # corpus model names -> the ORG/NAME whose config.json describes the same architecture (shapes only:
 # the table prices kernels by shape). Hugging Face renamed meta-llama's 3.1 repositories from
-# "Meta-Llama-3.1-*" to "Llama-3.1-*"; an Instruct fine-tune and NVIDIA's FP8 checkpoint of it keep
-# the base model's shapes (the precision comes from the row).
+# "Meta-Llama-3.1-*" to "Llama-3.1-*"; an Instruct fine-tune keeps the base model's shapes (the
+# precision comes from the row). NVIDIA's FP8 checkpoint nvidia/Llama-3.1-8B-Instruct-FP8 is not
+# aliased: its config (sim/hardware/configs/, the base shapes with ModelOpt's hf_quant_config.json)
+# carries the ModelOpt quantization, whose static input scales the table prices (fp8_static).
 MODEL_ALIASES = {
     "meta-llama/Llama-3.1-8B": "meta-llama/Meta-Llama-3.1-8B",
     "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
-    "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
     "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
     "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
     "meta-llama/Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",

@@ -89,7 +89,8 @@ def test_kernel_db_table_predicts_the_rtx_pro_6000_run_within_10_percent(tmp_pat
     """The kernel-db table (aiconfigurator-core 0.12.0, vLLM 0.24.0 kernels, nothing fitted on the run)
     on the RTX PRO 6000 run. It missed by TTFT -19.9 % until FA2's mixed-step rule priced every decode
     beside a prefill chunk at one KV pass per query head (calib/sources/kernel_db.py,
-    decode_attn_mixed_ops; issue 26): now TTFT +6.6 %, TPOT +2.7 %, E2E +3.6 %."""
+    decode_attn_mixed_ops; issue 26): TTFT +6.6 %, TPOT +2.7 %, E2E +3.6 %; since the decode attention's DRAM
+    floor streams at the database's own rate (KernelDb.kv_stream_rate) TTFT +5.0 %, TPOT +1.9 %, E2E +2.7 %."""
     from calib.sources.kernel_db import build_table
     from sim.latency.table_format import write_table
     from sim.recorded.validate_against import validate_against

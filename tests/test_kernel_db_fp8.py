@@ -30,6 +30,17 @@ def test_activation_scales_follow_the_checkpoint_then_the_engine():
         fp8_activation_scales("trtllm", {"quantization_config": {"activation_scheme": "dynamic"}})
         == "dynamic"
     )
+    # a ModelOpt checkpoint (NVIDIA's hf_quant_config.json) carries calibrated input scales, and vLLM's
+    # ModelOptFp8LinearMethod uses them (act_quant_static=True): static in every engine
+    modelopt = {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}}
+    for engine in ("vllm", "sglang", "trtllm"):
+        assert fp8_activation_scales(engine, modelopt) == "static"
+    # compressed-tensors groups say it per group (Qwen/Qwen3-32B-FP8-Static-PerTensor: dynamic false)
+    def groups(dynamic):
+        return {"quantization_config": {"config_groups": {"group_0": {"input_activations": {"dynamic": dynamic}}}}}
+
+    assert fp8_activation_scales("vllm", groups(False)) == "static"
+    assert fp8_activation_scales("trtllm", groups(True)) == "dynamic"
 
 
 def _compute_scale_ms(m: int, k: int) -> float:
@@ -68,3 +79,28 @@ def test_trtllm_fp8_gemms_are_the_dynamic_rows_less_the_measured_compute_scale()
 
     vllm = KernelDb(src, "h100-sxm", tp=1, dtype="fp8", engine="vllm")
     assert vllm.fp8_activations == "dynamic" and vllm.compile_kwargs()["gemm_quant_mode"] == "fp8"
+
+
+def test_nvidias_modelopt_fp8_llama_8b_prices_static_input_scales():
+    """nvidia/Llama-3.1-8B-Instruct-FP8 (the corpus' H200 vLLM rows) resolves to the config cbsim
+    ships: Llama-3.1-8B's shapes with ModelOpt's hf_quant_config.json, so its table is per-tensor FP8
+    with static activation scales (vLLM's ModelOptFp8LinearMethod): AIConfigurator's fp8_static mode,
+    each GEMM the dynamic row less its measured compute_scale, cheaper than the same shapes priced
+    as ``--quantization fp8`` of the bf16 checkpoint (dynamic)."""
+    require_aic()
+    from calib.sources.kernel_db import KernelDb, resolve_model
+
+    src = resolve_model("nvidia/Llama-3.1-8B-Instruct-FP8")
+    base = resolve_model("meta-llama/Meta-Llama-3.1-8B")
+    assert src.spec.quantization == "fp8" and src.origin.startswith("cbsim")
+    for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+        assert getattr(src.spec, key) == getattr(base.spec, key)
+    static = KernelDb(src, "h200", tp=1, dtype="fp8", engine="vllm")
+    dynamic = KernelDb(base, "h200", tp=1, dtype="fp8", engine="vllm")
+    assert (static.fp8_mode, static.fp8_activations) == ("fp8", "static")
+    assert static.compile_kwargs()["gemm_quant_mode"] == "fp8_static"
+    assert dynamic.fp8_activations == "dynamic"
+    for tokens in (1, 40, 1024):
+        s, d = static.linear_ops(tokens), dynamic.linear_ops(tokens)
+        for gemm in ("qkv_gemm", "proj_gemm", "gate_ffn1_gemm", "ffn2_gemm"):
+            assert s[gemm].seconds < d[gemm].seconds, (tokens, gemm)

@@ -93,7 +93,9 @@ def test_no_config_suggests_the_family_never_another(hub):
         get_model("Qwen/Qwen3-14B")
     with pytest.raises(CbsimError) as exc:
         get_model("meta-llama/Llama-3.1-70B-Instruct")
-    assert "same family" not in str(exc.value) and "Qwen" not in str(exc.value)
+    # the one Llama-3.1 config left here is the one cbsim ships (NVIDIA's FP8 8B): the family, never Qwen
+    assert "(same family: 'nvidia/Llama-3.1-8B-Instruct-FP8')" in str(exc.value)
+    assert "Qwen" not in str(exc.value)
 
 
 def test_the_issue_names_run_with_aiconfigurator_configs():

@@ -318,6 +318,7 @@ def test_the_shipped_copies_resolve_without_aiconfigurator_or_a_cache(tmp_path, 
         "moonshotai/Kimi-K2.5",
         "openai/gpt-oss-20b",
         "openai/gpt-oss-120b",
+        "nvidia/Llama-3.1-8B-Instruct-FP8",
     }
 
 

@@ -27,7 +27,9 @@ by AIConfigurator):
 - ``decode_attn(b, c̄)`` = its generation attention of ``b`` sequences each reading ``c̄ + 1`` keys,
   never below streaming that KV cache from DRAM (:meth:`KernelDb.kv_stream_seconds`: the
   collector replays each kernel on one warm KV cache, so batches whose KV fits in L2 were
-  measured faster than a served step, where the weights flush L2 between layers, can run);
+  measured faster than a served step, where the weights flush L2 between layers, can run), at
+  the rate the database's own decode kernel streams a KV cache no L2 holds
+  (:meth:`KernelDb.kv_stream_rate`);
 - ``decode_attn_mixed(b, c̄)`` (only where the engine's attention kernel is FlashAttention-2, e.g.
   vLLM on the RTX PRO 6000): decodes beside a prefill chunk lose FA2's GQA packing and cost one
   64-row query tile per query head (:meth:`KernelDb.decode_attn_mixed_ops`).
@@ -96,6 +98,11 @@ LAUNCH_BATCH, LAUNCH_TOKENS = 16, 64
 # the causal prefill whose measured time gives the prefill kernel's throughput (long enough to fill
 # every SM many times over; the longest length AIConfigurator measures for every GPU)
 THROUGHPUT_PREFILL_TOKENS = 16384
+# the decode batch whose measured time gives the decode kernel's DRAM streaming rate
+# (KernelDb.kv_stream_rate): a row AIConfigurator measures on every GPU (batch 128, step 4095), whose
+# KV cache is 2.1 GB a layer at 8 KV heads of 128 (Llama-3.1-8B at TP 1) and 268 MB at one KV head
+# (TP 8): beyond the H100/H200's 50 MB L2 and twice the largest (128 MB), so it was read from DRAM
+STREAM_REF_BATCH, STREAM_REF_CONTEXT = 128, 4095
 
 # Grid points. Dense where a kernel's time bends (small m, where GEMMs are weight-read bound and
 # flat; powers of two and halfway points above), since cbsim interpolates linearly between them.
@@ -176,10 +183,13 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(spec, config, f"config.json at {cfg_path}")
     spec = get_model(model)
     if "/" in model:  # ORG/NAME: the same local config.json cbsim's spec was read from
+        from sim.hardware.hf_config import read_config_file
         from sim.hardware.model_sources import find_config
 
         found = find_config(model)
-        return ModelSource(spec, json.loads(found.path.read_text(encoding="utf-8")), f"{found.origin}: {found.path}")
+        # read as cbsim's spec was: a ModelOpt checkpoint's hf_quant_config.json side file becomes its
+        # quantization_config, which fp8_activation_scales reads (ModelOpt's input scales are static)
+        return ModelSource(spec, read_config_file(found.path), f"{found.origin}: {found.path}")
     return ModelSource(spec, synthesize_config(spec), f"config.json written from cbsim's model spec {spec.name!r}")
 
 
@@ -298,6 +308,7 @@ class KernelDb:
         self.gpu_spec = self._system_yaml()["gpu"]
         self.attention_kernel = self._generation_kernel()
         self._prefill_ref_s: float | None = None
+        self._stream_rate: float | None = None  # kv_stream_rate, measured once
         # the all-reduce kernel the engine ran (calib/sources/kernel_db_comm.py): AIConfigurator's custom
         # rows, or NCCL's rows in their place
         self.allreduce = check_kind(allreduce)
@@ -398,13 +409,46 @@ class KernelDb:
         L2 cache (128 MB on the RTX PRO 6000: 32 decodes at 1k context of Llama-3-8B are 134 MB a
         layer) is read from L2 at more than the DRAM bandwidth. In a served step the 16 GB of
         weights pass through L2 between two uses of a layer's KV, which is therefore cold. The
-        floor is AIConfigurator's own memory-op formula (bytes / (mem_bw x
-        mem_bw_empirical_scaling_factor) + mem_empirical_constant_latency, from the system yaml)
-        applied to those bytes, once per layer."""
+        floor is AIConfigurator's memory-op formula (bytes / rate + mem_empirical_constant_latency,
+        from the system yaml) applied to those bytes, once per layer, at the rate
+        :meth:`kv_stream_rate` gives: never slower than the database's own decode kernel streams a
+        KV cache no L2 can hold."""
         g = self.gpu_spec
         per_layer = batch * keys * self.spec.kv_layer_bytes_per_token(self.tp)
-        bw = float(g["mem_bw"]) * float(g.get("mem_bw_empirical_scaling_factor", 1.0))
-        return self.spec.num_layers * (per_layer / bw + float(g.get("mem_empirical_constant_latency", 0.0)))
+        return self.spec.num_layers * (per_layer / self.kv_stream_rate()
+                                       + float(g.get("mem_empirical_constant_latency", 0.0)))
+
+    def kv_stream_rate(self) -> float:
+        """Bytes per second at which the floor streams a decode batch's KV cache: the rate the
+        database's own generation-attention row of this model's heads reaches at
+        :data:`STREAM_REF_BATCH` sequences of :data:`STREAM_REF_CONTEXT` cached tokens (a KV cache
+        no L2 holds, so that row was read from DRAM), never below AIConfigurator's ``mem_bw x
+        mem_bw_empirical_scaling_factor`` (0.8, its rate for small elementwise kernels); a row
+        faster than ``mem_bw`` did not read those bytes from DRAM and leaves AIConfigurator's rate.
+
+        Why not 0.8 everywhere: the database's decode kernels stream a large KV cache faster than
+        that. Its rows of 8 KV heads of 128 (Llama-3.1-8B, TP 1) at 128 x 4095, 64 x 8191 and
+        32 x 16383 run at 4.35-4.38 TB/s on the H200 (91 % of 4.8), 3.11-3.12 on the H100 (93 % of
+        3.35), 1.51 on the RTX PRO 6000 (84 % of 1.79), so a floor at 80 % priced those measured rows
+        slower than measured (H200: 128 decodes at 5k context 21.9 ms against the database's 19.3
+        ms), the most of a decode-bound step's error on the corpus' H200 vLLM Llama-3.1-8B rows at
+        1,000-2,000 output tokens. Where the reference row is slower than 0.8 (one KV head a rank:
+        Llama-3.1-8B at TP 8, 73 % on the H200) the floor stays AIConfigurator's."""
+        if self._stream_rate is None:
+            g = self.gpu_spec
+            peak = float(g["mem_bw"])
+            lowest = peak * float(g.get("mem_bw_empirical_scaling_factor", 1.0))
+            keys = STREAM_REF_CONTEXT + 1
+            measured = sum(op.seconds for op in self.decode_attn_ops(STREAM_REF_BATCH, STREAM_REF_CONTEXT,
+                                                                     floor=False).values())
+            layers = self.spec.num_layers
+            fixed = layers * float(g.get("mem_empirical_constant_latency", 0.0))
+            moved = layers * STREAM_REF_BATCH * keys * self.spec.kv_layer_bytes_per_token(self.tp)
+            rate = moved / (measured - fixed) if measured > fixed else float("inf")
+            # faster than the DRAM can deliver: the row did not stream those bytes from DRAM (gpt-oss's
+            # sliding-window layers read 128 keys, not 4,096), so it cannot say the rate
+            self._stream_rate = lowest if rate > peak else max(lowest, rate)
+        return self._stream_rate
 
     def kv_reread_seconds(self, batch: int, keys: int) -> float:
         """One more pass of the batch's KV cache at the DRAM's full rate (``mem_bw``, no empirical
@@ -591,16 +635,29 @@ def fp8_activation_scales(engine: str, config: dict) -> str:
     ``_gemm_key_names``). Qwen3-32B at TP 1 has 4 such GEMMs in each of 64 layers: 2.1 ms of its
     18.4 ms decode step at 8 sequences (TensorRT-LLM, H100).
 
-    The rule: the checkpoint's own ``quantization_config.activation_scheme`` when it says;
-    otherwise ``static`` for TensorRT-LLM, whose per-tensor FP8 checkpoints are ModelOpt's, which
-    calibrates an ``input_scale`` for every linear layer (and the LLM API's own FP8 quantization
-    runs the same ModelOpt calibration), and ``dynamic`` for vLLM and SGLang, whose
-    ``--quantization fp8`` of a bf16 checkpoint computes the scale per step (vLLM ``Fp8Config``
-    ``activation_scheme`` 'dynamic')."""
+    The rule: the checkpoint's own ``quantization_config.activation_scheme`` when it says, or its
+    ``config_groups``' ``input_activations.dynamic`` (the compressed-tensors layout, which
+    Qwen/Qwen3-32B-FP8-Static-PerTensor ships: ``dynamic: false``); then ``static`` for a ModelOpt
+    checkpoint (``quant_method: modelopt``, as cbsim reads NVIDIA's
+    ``hf_quant_config.json``) in any engine: ModelOpt calibrates an ``input_scale`` for every
+    linear layer, and vLLM runs such a checkpoint with ``ModelOptFp8LinearMethod``, "Model Optimizer
+    static quantization", ``Fp8LinearOp(act_quant_static=True)``
+    (vllm/model_executor/layers/quantization/modelopt.py); otherwise ``static`` for TensorRT-LLM,
+    whose per-tensor FP8 checkpoints are ModelOpt's (and the LLM API's own FP8 quantization runs
+    the same ModelOpt calibration), and ``dynamic`` for vLLM and SGLang, whose ``--quantization
+    fp8`` of a bf16 checkpoint computes the scale per step (vLLM ``Fp8Config`` ``activation_scheme``
+    'dynamic'). On the corpus' H200 vLLM rows of nvidia/Llama-3.1-8B-Instruct-FP8 (ModelOpt) the
+    static rows take 0.29 ms off a TP 1 decode step at 40 sequences (linear(40) 3.44 -> 3.15 ms)."""
     q = config.get("quantization_config") or {}
     scheme = str(q.get("activation_scheme") or "").lower()
     if scheme in ("static", "dynamic"):
         return scheme
+    acts = [g.get("input_activations") for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+    flags = {a.get("dynamic") for a in acts if isinstance(a, dict) and isinstance(a.get("dynamic"), bool)}
+    if len(flags) == 1:  # compressed-tensors layout: input_activations.dynamic says it
+        return "dynamic" if flags.pop() else "static"
+    if str(q.get("quant_method") or "").lower() == "modelopt":
+        return "static"
     return "static" if engine == "trtllm" else "dynamic"
 
 
@@ -799,10 +856,13 @@ def metadata(comp: Composition, g: Grids, *, block_size: int, format_version: in
                     "AIConfigurator's analytic memory-op formula bytes / (mem_bw x 0.8) + 3 us (source "
                     "'empirical')",
                 "decode_attn": "b sequences at the same context c (the batch's mean); each reads c + 1 keys; "
-                    "never below streaming their KV cache from DRAM once per layer, bytes / (mem_bw x "
-                    f"{db.gpu_spec.get('mem_bw_empirical_scaling_factor', 1.0)}) + "
+                    "never below streaming their KV cache from DRAM once per layer, bytes / "
+                    f"{db.kv_stream_rate() / 1e12:.4g} TB/s + "
                     f"{db.gpu_spec.get('mem_empirical_constant_latency', 0.0)} s (AIConfigurator's memory-op "
-                    "formula and factors from its system yaml): its collector replays each kernel on one KV "
+                    "formula, at the rate the database's own decode row of "
+                    f"{STREAM_REF_BATCH} x {STREAM_REF_CONTEXT} tokens streams its KV, never below mem_bw x "
+                    f"{db.gpu_spec.get('mem_bw_empirical_scaling_factor', 1.0)}; "
+                    "KernelDb.kv_stream_rate): its collector replays each kernel on one KV "
                     "cache in a CUDA graph, so batches whose KV fits in L2 were measured faster than a served "
                     "step, whose KV is cold, can run (operator 'kv_dram_floor', source 'modelled')",
                 "decode_attn_mixed": ("decodes beside a prefill chunk in FlashAttention-2's varlen kernel "

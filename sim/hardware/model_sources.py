@@ -9,7 +9,8 @@ Three places are searched, in this order, and the first hit wins:
    ``~/.cache/huggingface/hub``; a model there is ``models--ORG--NAME/snapshots/<rev>/config.json``
    (the newest snapshot when several are cached);
 3. the copies cbsim ships of the configs its tests and docs use (``sim/hardware/configs/``:
-   DeepSeek-V3/R1, Kimi-K2/K2.5, gpt-oss-20b/120b; each names its source in ``_cbsim_source``),
+   DeepSeek-V3/R1, Kimi-K2/K2.5, gpt-oss-20b/120b, nvidia/Llama-3.1-8B-Instruct-FP8 with its ModelOpt
+   ``hf_quant_config.json``; each names its source in ``_cbsim_source``),
    so those names resolve without the optional package.
 
 ``cbsim models`` lists every name that resolves (:func:`available_models`).

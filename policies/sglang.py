@@ -65,7 +65,8 @@ Llama-3.1-8B rows of AIConfigurator's corpus, docs/accuracy-corpus.md; wheel fro
   stopping at it (``managers/scheduler.py`` ``get_num_allocatable_reqs`` L1722-1726, L1795-1797);
   :func:`sglang_running_cap`, at least 2,048 wherever the pool holds 4,096 tokens;
 * the KV pool, by ``mem_fraction_static`` (``server_args.py`` L813-890: chunk 8192,
-  ``cuda_graph_max_bs`` 256 below TP 4 and 512 from it, at least 10 GiB reserved):
+  ``cuda_graph_max_bs`` 256 below TP 4 and 512 from it, at least 10 GiB reserved; ``rest =
+  available − total × (1 − fraction)`` over the cell size, ``model_runner.py`` L1438-1443):
   :mod:`sim.hardware.engine_memory`;
 * the admission reservation: a request needs ``extend + min(max_new - generated, 4096)`` below
   ``free + evictable`` less ``Σ_running min(max_new - generated, 4096) × new_token_ratio`` and what

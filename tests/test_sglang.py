@@ -191,14 +191,14 @@ def test_admission_reserves_future_decodes_at_new_token_ratio():
         assert ("b" in sched(plan)) is admitted and pol.batch_is_full is not admitted
 
 
-
 @pytest.mark.parametrize("decodes", [0, 300, 650])
 def test_with_k_running_at_a_decayed_ratio_a_prefill_admits_exactly_the_closed_form_count(decodes):
     """Pool T, k running requests of prompt p0 that have decoded d tokens (ratio r after d decodes),
     waiting requests of prompt p and max_new m: request j is admitted iff
-    p + m + 1 < T - k(p0 + d) - k·(m0 - 1 - d)·r - j(p + 1 + m) (page 1: prefill_budget.py's
-    ``remaining_total`` and ``reserve``; the same rule in sglang 0.5.6.post2's
-    ``PrefillAdder.add_one_req``). The count differs from both a full reservation (ratio 1) and none."""
+    p + m + 1 < T - k(p0 + d) - k·(m0 - 1 - d)·r - j(p + 1 + m) (page 1: 0.5.23's prefill_budget.py
+    ``remaining_total`` and ``reserve``; sglang 0.5.6.post2's ``PrefillAdder.add_one_req`` is the same
+    rule without the page: p + m < ... - j(p + m)). The count differs from both a full reservation
+    (ratio 1) and none."""
     T, k, p0, m0, p, m, waiting = 6000, 4, 50, 1000, 100, 200, 12
     lim = EngineLimits(block_size=1, num_gpu_blocks=T, max_num_seqs=64, max_num_batched_tokens=8192,
                        max_model_len=4096)

@@ -55,12 +55,37 @@ about 4,096 for Llama-3-8B on an H200); ``max_num_batched_tokens`` is the defaul
 H100/H200); ``max_model_len`` the context length. SGLang has no per-step token budget (prefill batches are capped by the two prefill
 budgets, decode batches by ``max_running_requests``), so ``token_budget`` is None.
 
+What limits the running batch, read again in **sglang 0.5.6.post2** (the release of the H200
+Llama-3.1-8B rows of AIConfigurator's corpus, docs/accuracy-corpus.md; wheel from PyPI,
+``sglang/srt/...``), where all three rules are the ones this module implements:
+
+* request slots: ``max_running_requests = min(pool // 2, req_to_token_pool.size)`` when unset
+  (``managers/tp_worker.py`` L292-300), the slot pool ``max_num_reqs = min(max(int(pool /
+  context_len × 512), 2048), 4096)`` (``model_executor/model_runner.py`` L1672-1681), admission
+  stopping at it (``managers/scheduler.py`` ``get_num_allocatable_reqs`` L1722-1726, L1795-1797);
+  :func:`sglang_running_cap`, at least 2,048 wherever the pool holds 4,096 tokens;
+* the KV pool, by ``mem_fraction_static`` (``server_args.py`` L813-890: chunk 8192,
+  ``cuda_graph_max_bs`` 256 below TP 4 and 512 from it, at least 10 GiB reserved; ``rest =
+  available − total × (1 − fraction)`` over the cell size, ``model_runner.py`` L1438-1443):
+  :mod:`sim.hardware.engine_memory`;
+* the admission reservation: a request needs ``extend + min(max_new - generated, 4096)`` below
+  ``free + evictable`` less ``Σ_running min(max_new - generated, 4096) × new_token_ratio`` and what
+  the batch already took (``managers/schedule_policy.py`` L354-401, L439-452, L570-600), the ratio
+  0.7 falling by ``(0.7 - 0.098) / 600`` per decode (``scheduler.py`` L497-509, L1950-1953,
+  ``environ.py`` L177-181). 0.5.6.post2 adds no page to the need or to the reservation (0.5.23
+  adds one page per request: with ``page_size`` 1, one token).
+
 Where cbsim differs, on purpose (none of it changes a run SGLang completes): SGLang aborts a prompt
 within 5 tokens of the context length or the pool (``max_req_input_len``); cbsim rejects only
 prompts of ``max_model_len`` tokens or more, or larger than the pool, and admits a request alone
 in an idle engine if its prompt fits (SGLang's clip of ``max_new_tokens`` to the pool would make
 it admissible there). A lone running request whose next token cannot fit is rejected with a
 reason (SGLang aborts it, or raises in older releases). ``random`` ordering uses a fixed seed.
+cbsim's requests carry no ``ignore_eos``, so every running request reserves its remaining decodes
+at ``new_token_ratio``, as 0.5.6.post2 does for all; 0.5.23 reserves them in full (ratio 1) for
+``ignore_eos`` requests (``schedule_policy.py`` ``_get_running_request_total_token_offset``), and
+both releases take ``add_one_req_ignore_eos``'s whole-future check for them when the radix cache
+is disabled; neither is modelled.
 Speculative decoding (:meth:`SglangPolicy.enable_speculation`; SGLang's EAGLE worker, chains only:
 ``--speculative-eagle-topk 1``, ``--speculative-num-steps k``, ``--speculative-num-draft-tokens k + 1``;
 every ``--speculative-algorithm``: EAGLE, EAGLE3, NEXTN/MTP, STANDALONE (a draft model), NGRAM):

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from policies.base import EngineLimits, Request, Status
 from policies.registry import make_policy
 from policies.sglang import SglangPolicy
+from sim.scenario.resolved import resolve
+from sim.scenario.schema import load_scenario
 from tests.fuzz_profiles import examples
 from tests.helpers import FAKE_GPU, FAKE_MODEL, engine_step, wall_clock_limit
 from tests.helpers import scheduled_tokens as sched
@@ -187,6 +189,65 @@ def test_admission_reserves_future_decodes_at_new_token_ratio():
         pol.add_request(req("b", (("u", 2), 100), max_tokens=b_max))  # needs 100 + b_max + 1 < 900 - 627.9
         plan, _ = step(pol)
         assert ("b" in sched(plan)) is admitted and pol.batch_is_full is not admitted
+
+
+@pytest.mark.parametrize("decodes", [0, 300, 650])
+def test_with_k_running_at_a_decayed_ratio_a_prefill_admits_exactly_the_closed_form_count(decodes):
+    """Pool T, k running requests of prompt p0 that have decoded d tokens (ratio r after d decodes),
+    waiting requests of prompt p and max_new m: request j is admitted iff
+    p + m + 1 < T - k(p0 + d) - k·(m0 - 1 - d)·r - j(p + 1 + m) (page 1: 0.5.23's prefill_budget.py
+    ``remaining_total`` and ``reserve``; sglang 0.5.6.post2's ``PrefillAdder.add_one_req`` is the same
+    rule without the page: p + m < ... - j(p + m)). The count differs from both a full reservation
+    (ratio 1) and none."""
+    T, k, p0, m0, p, m, waiting = 6000, 4, 50, 1000, 100, 200, 12
+    lim = EngineLimits(block_size=1, num_gpu_blocks=T, max_num_seqs=64, max_num_batched_tokens=8192,
+                       max_model_len=4096)
+    pol = SglangPolicy(lim)
+    for i in range(k):
+        pol.add_request(req(f"run{i}", (("u", i), p0), max_tokens=m0, seq=i))
+    assert sched(step(pol)[0]) == {f"run{i}": p0 for i in range(k)}  # 4 × (50 + 1 + 1000) < 6000
+    for _ in range(decodes):
+        plan, _ = step(pol)
+        assert len(plan.scheduled) == k
+    d = decodes
+    r = max(0.7 - d * (0.7 - 0.098) / 600, 0.098)
+    assert pol.new_token_ratio == pytest.approx(r)
+    for j in range(waiting):
+        pol.add_request(req(f"w{j}", (("w", j), p), max_tokens=m, seq=100 + j))
+    plan, _ = step(pol)
+
+    def count(ratio: float) -> int:
+        room = T - k * (p0 + d) - k * (m0 - 1 - d) * ratio  # free slots less the running reservation
+        return sum(1 for j in range(waiting) if p + m + 1 < room - j * (p + 1 + m))
+
+    admitted = sorted(sched(plan))
+    assert admitted == sorted(f"w{j}" for j in range(count(r))) and pol.batch_is_full
+    assert (count(r), count(1.0), count(0.0)) == {0: (9, 5, 12), 300: (11, 5, 12), 650: (10, 5, 10)}[d]
+
+
+def test_the_corpus_shape_runs_all_512_clients_on_sglangs_own_h200_tp2_pool_and_cap():
+    """The H200 SGLang Llama-3.1-8B rows at 512 clients (1,000 / 2,000 tokens, TP 2) measure TTFT as
+    if only ~480 of them ran (docs/accuracy-corpus.md). SGLang's own limits run all 512: the running
+    cap is min(pool // 2, clamp(pool / context × 512, 2048, 4096)) and the pool (bf16 Llama-3-8B,
+    smaller than the rows' fp8 one) holds every prompt with the opening's reservation at ratio 0.7;
+    the 512 prompts go in ceil(512,000 / 8,192) = 63 prefill batches, before any decode."""
+    dep = resolve(load_scenario({"model": "llama-3-8b", "hardware": {"gpu": "h200", "tensor_parallel": 2, "count": 2},
+                                 "engine": {"max_model_len": 3016}, "policies": [{"name": "sglang"}]}))
+    lim = dep.limits_for("sglang")
+    pool = lim.num_gpu_blocks * lim.block_size
+    assert lim.max_num_seqs == 4096 and pool > 1_900_000
+    n, isl, osl = 512, 1000, 2000
+    assert isl * n + (n - 1) * (osl - 1) * 0.7 + isl + osl + 1 < pool  # the last admission's need
+    pol = SglangPolicy(lim)
+    for i in range(n):
+        pol.add_request(req(f"c{i}", (("u", i), isl), max_tokens=osl, seq=i))
+    prefills = 0
+    while pol.waiting or pol.chunked is not None:
+        plan, _ = engine_step(pol)
+        assert all(n_new > 1 for n_new in plan.num_new_tokens), "a decode ran before every prompt was in"
+        assert sum(plan.num_new_tokens) <= 8192
+        prefills += 1
+    assert prefills == 63 and len(pol.running) == n and pol.num_retractions == 0
 
 
 # --- new_token_ratio and retraction (§7.1, §7.5) ---------------------------------------------------

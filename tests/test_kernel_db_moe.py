@@ -212,3 +212,46 @@ def test_layouts_a_model_cannot_have_are_one_error():
         MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(1, 2, False))
     with pytest.raises(CbsimError, match="do not divide its 256 experts"):
         MoeKernelDb(resolve_model(DSV3), "h200", Layout(1, 3, True))
+
+
+def test_the_experts_share_of_linear_is_the_routed_operators(dp8):
+    """Under attention DP, ``moe_group(T)`` is the part of linear(T) that runs over every rank's tokens:
+    SGLang with expert-parallel experts runs its shared experts first (no overlap), so it is exactly
+    AIConfigurator's routed operators at T (moe_pre_dispatch + moe + moe_post_dispatch, its moe
+    priced at 8·T tokens), and the rest of linear(T) is the operators every rank runs on its own T."""
+    from calib.sources.kernel_db_moe import ROUTED_OPS, add_moe_group
+
+    add_moe_group(dp8)
+    lin, group = dp8.table.components["linear"], dp8.table.components["moe_group"]
+    assert lin.axes == group.axes and group.values[0] == 0.0
+    for t, total, share in zip(lin.axes[0][1:], lin.values[1:], group.values[1:]):
+        ops = dp8.ops["linear"][(int(t),)]
+        assert share == pytest.approx(sum(ops[n].seconds for n in ROUTED_OPS), rel=1e-9)
+        assert 0.5 * total < share < total  # the experts are most of a DeepSeek step's linear part
+
+
+def test_a_trtllm_dp_table_carries_the_experts_share_within_linear(tmp_path):
+    """TensorRT-LLM overlaps the shared experts with the routed ones (up to 1024 tokens: linear(T) holds
+    the slower group): the share is linear(T) less the per-rank operators, never negative, never above
+    linear(T); the table folder keeps it and the table backend reads it back."""
+    require_aic()
+    from calib.sources.kernel_db import KernelDb, resolve_model
+    from calib.sources.kernel_db_moe import ROUTED_OPS, Layout, compose_source
+    from sim.latency.table_format import read_table, write_table
+
+    comp = compose_source(resolve_model(DSV3), "h200", Layout(1, 8, True), dtype="fp8", engine="trtllm",
+                          block_size=64, max_num_batched_tokens=2048, max_model_len=2048, max_num_seqs=8)
+    lin, group = comp.table.components["linear"], comp.table.components["moe_group"]
+    assert group.values[0] == 0.0
+    for t, total, share in zip(lin.axes[0][1:], lin.values[1:], group.values[1:]):
+        own = sum(op.seconds for n, op in KernelDb.linear_ops(comp.db, int(t)).items() if n not in ROUTED_OPS)
+        assert share == pytest.approx(total - own, rel=1e-9) and 0 < share < total
+    # at 4 tokens a rank the routed group (the experts over 32 tokens) outlasts the shared experts
+    assert group.values[list(lin.axes[0]).index(4.0)] > 0.8 * lin.values[list(lin.axes[0]).index(4.0)]
+    assert "moe_group" in json.dumps(comp.table.metadata["provenance"])
+    back = read_table(write_table(tmp_path / "t", comp.table))
+    assert list(back.components["moe_group"].values) == pytest.approx(list(group.values))
+    # a table without attention DP has no such term: its groups are single engines
+    tp8 = compose_source(resolve_model(DSV3), "h200", Layout(8, 1, True), dtype="fp8", engine="trtllm",
+                         block_size=64, max_num_batched_tokens=2048, max_model_len=2048, max_num_seqs=8)
+    assert "moe_group" not in tp8.table.components

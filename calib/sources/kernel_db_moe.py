@@ -224,6 +224,42 @@ MODELLED_MLA = (
 )
 
 
+# AIConfigurator's operators of the routed experts and their dispatch / combine: under attention DP
+# it prices them at every rank's tokens (T x attention_dp_size), the rest at the rank's own T
+ROUTED_OPS = ("moe_pre_dispatch", "moe", "moe_post_dispatch")
+MODELLED_MOE_GROUP = (
+    "attention DP: moe_group(T) is the part of linear(T) that is the routed experts with their dispatch "
+    "and combine (AIConfigurator's moe_pre_dispatch, moe, moe_post_dispatch, priced over T x D tokens): "
+    "linear(T) less the operators each rank runs on its own T tokens (norms, shared experts, router). "
+    "A lockstep group whose ranks ran unequal token counts prices the experts once at the group's mean "
+    "tokens per rank instead of each rank's own (sim/lockstep.py): TensorRT-LLM all-gathers each rank's "
+    "own count (DeepseekV3MoE.compute_routed_output, use_dp_padding off on Hopper; CUDA graphs, which "
+    "pad, only when every rank is generation-only at one batch size)"
+)
+
+
+def moe_group_seconds(db: MoeKernelDb, tokens: int, linear_s: float) -> float:
+    """The routed experts' share of ``linear(tokens) = linear_s`` (:data:`MODELLED_MOE_GROUP`):
+    ``linear_s`` less AIConfigurator's per-rank operators at ``tokens`` (its context list, every
+    operator but :data:`ROUTED_OPS`), within [0, linear_s]. Where the shared experts overlap the
+    routed ones (:attr:`MoeKernelDb.overlaps_shared_experts`, up to 1024 tokens) ``linear_s`` holds the
+    slower group, so the share is what the routed group adds beyond the shared one."""
+    if tokens <= 0:
+        return 0.0
+    own = sum(op.seconds for name, op in KernelDb.linear_ops(db, tokens).items() if name not in ROUTED_OPS)
+    return min(max(linear_s - own, 0.0), linear_s)
+
+
+def add_moe_group(comp) -> None:
+    """The table's ``moe_group`` component on its ``linear`` grid (sim/latency/table_format.py)."""
+    from sim.latency.table_format import make_component
+
+    lin = comp.table.components["linear"]
+    axis = lin.axes[0]
+    values = [moe_group_seconds(comp.db, int(t), float(v)) for t, v in zip(axis, lin.values)]
+    comp.table.components["moe_group"] = make_component("moe_group", (axis,), values)
+
+
 def build_table(
     model: str,
     gpu: str,
@@ -272,6 +308,9 @@ def compose_source(
     meta = comp.table.metadata
     meta["parallel"] = layout.to_metadata()
     notes = {"mla_block": MODELLED_MLA} if source.spec.is_mla else {}
+    if layout.data_parallel > 1 and source.spec.is_moe:
+        add_moe_group(comp)
+        notes["moe_group"] = MODELLED_MOE_GROUP
     if db._gen_linear:
         notes["moe shared/routed overlap"] = MODELLED_MOE_OVERLAP
     if notes:

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calib.sources.kernel_db import KernelDb, ModelSource
+from calib.sources.kernel_db import KernelDb, ModelSource, Op
 from sim.errors import CbsimError
 
 
@@ -149,11 +149,78 @@ class MoeKernelDb(KernelDb):
         """The token-major operators at ``tokens``; up to :data:`MOE_OVERLAP_MAX_TOKENS` the
         shared experts run beside the routed ones (:data:`MODELLED_MOE_OVERLAP`), priced as
         AIConfigurator's generation list composes them (its ``generation_moe_overlap`` operator:
-        the slower of the two groups, not their sum)."""
+        the slower of the two groups, not their sum). The first dense layers get their dense FFN
+        in place of the MoE block (:meth:`with_dense_layers`)."""
         gen = self._gen_linear
         if gen and int(tokens) <= MOE_OVERLAP_MAX_TOKENS:
-            return self._ops(self.handle.evaluate_generation_ops(gen, batch_size=int(tokens), s=1))
-        return super().linear_ops(tokens)
+            ops = self._ops(self.handle.evaluate_generation_ops(gen, batch_size=int(tokens), s=1))
+            return self.with_dense_layers(ops, int(tokens), context=False)
+        return self.context_linear_ops(tokens)
+
+    def context_linear_ops(self, tokens: int):
+        """AIConfigurator's context list of token-major operators at ``tokens`` (shared and routed
+        experts summed), the first dense layers corrected (:meth:`with_dense_layers`)."""
+        return self.with_dense_layers(super().linear_ops(tokens), int(tokens), context=True)
+
+    @property
+    def dense_layers(self) -> int:
+        """How many of the model's first layers have a dense FFN that AIConfigurator's operator list
+        prices as MoE layers: ``first_k_dense_replace`` of a DeepSeek-style config (DeepSeek-V3/R1: 3
+        of 61; Kimi-K2.5: 1 of 61) when the list has no dense FFN GEMM of its own (its DeepSeek
+        model counts every layer in the shared-expert, router and MoE operators:
+        ``sdk/models/deepseek.py``, ``num_moe_layers=self._num_layers``), else 0."""
+        if not hasattr(self, "_dense_layers"):
+            spec = self.model.spec
+            k = int(getattr(spec, "first_k_dense_layers", 0) or 0) if spec.is_moe else 0
+            names = self.context_ops
+            has_dense = any("gate_up_gemm" in n and "shared" not in n for n in names)
+            self._dense_layers = k if 0 < k < spec.num_layers and not has_dense else 0
+        return self._dense_layers
+
+    def with_dense_layers(self, ops: dict, tokens: int, *, context: bool) -> dict:
+        """``ops`` with the MoE block (:data:`MOE_BLOCK_OPS`) over ``L - k`` of the ``L`` layers and
+        the ``k`` dense layers' SwiGLU FFN added (:data:`MODELLED_DENSE_LAYERS`): its gate/up and down
+        GEMMs priced from the database's GEMM rows at ``tokens`` rows, its activation by
+        AIConfigurator's memory-op formula, at the engine's MLP tensor parallelism
+        (:meth:`dense_mlp_tp`). Unchanged without dense layers or tokens."""
+        k = self.dense_layers
+        if not k or tokens <= 0:
+            return ops
+        keep = 1.0 - k / self.model.spec.num_layers
+        out = {name: (Op(op.seconds * keep, op.source) if name in MOE_BLOCK_OPS else op) for name, op in ops.items()}
+        out.update(self._ops(self._dense_ffn_rows(tokens, context)))
+        return out
+
+    def dense_mlp_tp(self) -> int:
+        """TensorRT-LLM's (and SGLang's) tensor parallelism of a DeepSeek dense layer's MLP: 1 under
+        attention DP ("the MLP also uses DP instead of TP"), else gcd(intermediate / 128, tp)
+        (``DeepseekV3DecoderLayer._compute_mlp_tp_size``: the FP8 128-block scales bound it)."""
+        import math
+
+        if self.layout.data_parallel > 1:
+            return 1
+        return math.gcd(self.model.spec.intermediate_size // 128, self.layout.tensor_parallel)
+
+    def _dense_ffn_rows(self, tokens: int, context: bool):
+        import aiconfigurator_core.sdk.operations as aic_ops
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.engine import build_ops_json
+
+        spec, k, tp = self.model.spec, self.dense_layers, self.dense_mlp_tp()
+        inter, h = spec.intermediate_size // tp, spec.hidden_size
+        quant = getattr(common.GEMMQuantMode, str(self.compile_kwargs()["gemm_quant_mode"]))
+        phase = "context" if context else "generation"
+        key = (phase, k, tp)
+        cache = self.__dict__.setdefault("_dense_json", {})
+        if key not in cache:
+            cache[key] = build_ops_json([
+                aic_ops.GEMM(f"{phase}_dense_gate_up_gemm", k, 2 * inter, h, quant),
+                aic_ops.ElementWise(f"{phase}_dense_act_gate", k, 2 * inter, inter, 0.8),
+                aic_ops.GEMM(f"{phase}_dense_ffn2_gemm", k, h, inter, quant),
+            ])
+        if context:
+            return self.handle.evaluate_ops_json(cache[key], is_context=True, batch_size=1, s=int(tokens))
+        return self.handle.evaluate_ops_json(cache[key], is_context=False, batch_size=int(tokens), s=1)
 
     @property
     def overlaps_shared_experts(self) -> bool:
@@ -201,6 +268,24 @@ class MoeKernelDb(KernelDb):
         return None
 
 
+# AIConfigurator's operators of a DeepSeek-style MoE block (shared experts, router, dispatch, routed
+# experts; ``moe_overlap``: the block with shared and routed experts overlapped), each priced over
+# every layer of the model
+MOE_BLOCK_OPS = (
+    "shared_gate_up_gemm", "shared_act_gate", "shared_ffn2_gemm", "router_gemm", "moe_pre_dispatch", "moe",
+    "moe_post_dispatch", "moe_overlap",
+)
+MODELLED_DENSE_LAYERS = (
+    "first dense layers: AIConfigurator's DeepSeek model prices the MoE block (shared experts, router, "
+    "dispatch, routed experts) over every layer (sdk/models/deepseek.py: num_moe_layers = num_layers); "
+    "the checkpoint's first_k_dense_replace layers run a dense SwiGLU FFN instead. linear(T) takes the "
+    "MoE block's operators over L - k of the L layers and adds the k layers' FFN (gate/up and down "
+    "GEMMs from the database's GEMM rows, the activation by AIConfigurator's memory-op formula) at the "
+    "engine's MLP tensor parallelism (TensorRT-LLM DeepseekV3DecoderLayer._compute_mlp_tp_size: 1 "
+    "under attention DP, else gcd(intermediate_size / 128, tp)); the dense layers' own all-reduce is "
+    "left out with the MoE block's dispatch and combine"
+)
+
 # SGLang runs the shared experts on the current stream and the router + routed experts on an
 # alternate one when a step has at most this many tokens (python/sglang/srt/models/deepseek_v2.py,
 # DeepseekV2MoE.forward: DUAL_STREAM_TOKEN_THRESHOLD = 1024, forward_normal_dual_stream)
@@ -246,7 +331,7 @@ def moe_group_seconds(db: MoeKernelDb, tokens: int, linear_s: float) -> float:
     slower group, so the share is what the routed group adds beyond the shared one."""
     if tokens <= 0:
         return 0.0
-    own = sum(op.seconds for name, op in KernelDb.linear_ops(db, tokens).items() if name not in ROUTED_OPS)
+    own = sum(op.seconds for name, op in db.context_linear_ops(tokens).items() if name not in ROUTED_OPS)
     return min(max(linear_s - own, 0.0), linear_s)
 
 
@@ -313,6 +398,8 @@ def compose_source(
         notes["moe_group"] = MODELLED_MOE_GROUP
     if db._gen_linear:
         notes["moe shared/routed overlap"] = MODELLED_MOE_OVERLAP
+    if db.dense_layers:
+        notes["first dense layers"] = MODELLED_DENSE_LAYERS
     if notes:
         prov = meta.setdefault("provenance", {}) or {}
         modelled = prov.get("modelled")

@@ -16,7 +16,13 @@ composition this reuses unchanged):
   (T per rank × dp: its ``attention_dp_size`` multiplies the MoE's token count), so ``linear(T)``
   is the step of one rank when every rank runs T tokens, the MoE waiting for all of them. A
   table made so prices the ranks of a DP engine as stepping together on equal shares, which is
-  how the corpus rows run them (one concurrency split evenly over the ranks);
+  how the corpus rows run them (one concurrency split evenly over the ranks). When the ranks run
+  unequal token counts (one prefilling beside the others' decodes) the experts see the group's
+  tokens, not D times the slowest rank's: the table's ``moe_group`` component (the routed experts'
+  share of ``linear(T)``, :func:`add_moe_group`) lets :mod:`sim.lockstep` price them so;
+- **dense first layers**: DeepSeek's ``first_k_dense_replace`` layers run a dense FFN where
+  AIConfigurator's operator list prices the MoE block over every layer
+  (:meth:`MoeKernelDb.with_dense_layers`);
 - **MLA**: AIConfigurator prices DeepSeek-style attention as one ``mla_block`` operator (the
   q/kv low-rank projections, the rope, the attention and o_proj, from its ``mla`` and
   ``mla_bmm`` rows), so the block is taken whole as attention: ``prefill_attn(n, c)`` is the

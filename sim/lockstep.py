@@ -16,6 +16,19 @@ rank's tokens in the experts); every rank emits its tokens when the step ends. A
 nothing to run idles that step (its dummy forward is not recorded: it emits nothing). Dense
 models' data-parallel ranks stay independent engines (no collective between them).
 
+**Unequal ranks.** A kernel-db table made for attention DP prices ``linear(T)`` as if every rank
+ran T tokens (its experts see T × D). When the ranks ran unequal counts -- one rank prefilling a
+prompt beside the others' decodes -- the experts see the group's tokens, Σ T_r, not D × max T_r:
+TensorRT-LLM's ``DeepseekV3MoE.compute_routed_output`` leaves ``use_dp_padding`` off on Hopper
+(the CUTLASS backend all-gathers and reduce-scatters each rank's own count,
+``sizes=all_rank_num_tokens``; tensorrt_llm/_torch/models/modeling_deepseekv3.py), and its CUDA
+graphs, which would pad, run only when every rank is generation-only at the same batch size
+(``_maybe_get_cuda_graph``: ``is_all_gen_only`` and ``all_batch_size_equal``,
+tensorrt_llm/_torch/pyexecutor/model_engine.py). So when the ranks' latency has a ``moe_group``
+term (table_format), each rank's price has its own ``moe_group(T_r)`` replaced by the group's,
+``moe_group(Σ T_r / D)``, and the step is the slowest of those: the ranks' attention and dense
+layers on their own tokens, the experts once over everyone's. Equal ranks are priced as before.
+
 Fast-forward is off for the ranks of a group (a stretch of one rank would run ahead of the
 others); each rank records its own steps, with the group's step time.
 """
@@ -62,10 +75,28 @@ class LockstepGroup:
                 self.wake = env.event()
                 yield self.wake
                 continue
-            dt = max(item[0] for _, item in planned)
+            dt = self.step_seconds(planned)
             for rank, _ in planned:
                 rank.busy_until = start + dt
             yield env.timeout(dt)
             now = env.now
             for rank, item in planned:
                 rank.finish_planned(item, start, now, dt)
+
+    def step_seconds(self, planned: list) -> float:
+        """The group's step: the slowest rank's price, each with the experts over the group's tokens
+        (the module docstring, "Unequal ranks") when its latency separates them (``moe_group``)."""
+        moe = getattr(getattr(planned[0][0], "latency", None), "moe_group", None)
+        if moe is None:
+            return max(item[0] for _, item in planned)
+        tokens = [item[2].num_tokens for _, item in planned]
+        mean = sum(tokens) / len(self.ranks)
+        group = moe(mean) if mean > 0 else 0.0
+        slowest = 0.0
+        for (_, item), t in zip(planned, tokens):
+            dt = item[0]
+            if t != mean:
+                dt += group - (moe(t) if t > 0 else 0.0)
+            if dt > slowest:
+                slowest = dt
+        return slowest

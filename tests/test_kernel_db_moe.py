@@ -212,3 +212,93 @@ def test_layouts_a_model_cannot_have_are_one_error():
         MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(1, 2, False))
     with pytest.raises(CbsimError, match="do not divide its 256 experts"):
         MoeKernelDb(resolve_model(DSV3), "h200", Layout(1, 3, True))
+
+
+def test_the_experts_share_of_linear_is_the_routed_operators(dp8):
+    """Under attention DP, ``moe_group(T)`` is the part of linear(T) that runs over every rank's tokens:
+    SGLang with expert-parallel experts runs its shared experts first (no overlap), so it is exactly
+    AIConfigurator's routed operators at T (moe_pre_dispatch + moe + moe_post_dispatch, its moe
+    priced at 8·T tokens), and the rest of linear(T) is the operators every rank runs on its own T."""
+    from calib.sources.kernel_db_moe import ROUTED_OPS, add_moe_group
+
+    add_moe_group(dp8)
+    lin, group = dp8.table.components["linear"], dp8.table.components["moe_group"]
+    assert lin.axes == group.axes and group.values[0] == 0.0
+    for t, total, share in zip(lin.axes[0][1:], lin.values[1:], group.values[1:]):
+        ops = dp8.ops["linear"][(int(t),)]
+        assert share == pytest.approx(sum(ops[n].seconds for n in ROUTED_OPS), rel=1e-9)
+        assert 0.5 * total < share < total  # the experts are most of a DeepSeek step's linear part
+
+
+def test_a_trtllm_dp_table_carries_the_experts_share_within_linear(tmp_path):
+    """TensorRT-LLM overlaps the shared experts with the routed ones (up to 1024 tokens: linear(T) holds
+    the slower group): the share is linear(T) less the per-rank operators, never negative, never above
+    linear(T); the table folder keeps it and the table backend reads it back."""
+    require_aic()
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import ROUTED_OPS, Layout, compose_source
+    from sim.latency.table_format import read_table, write_table
+
+    comp = compose_source(resolve_model(DSV3), "h200", Layout(1, 8, True), dtype="fp8", engine="trtllm",
+                          block_size=64, max_num_batched_tokens=2048, max_model_len=2048, max_num_seqs=8)
+    lin, group = comp.table.components["linear"], comp.table.components["moe_group"]
+    assert group.values[0] == 0.0
+    for t, total, share in zip(lin.axes[0][1:], lin.values[1:], group.values[1:]):
+        own = sum(op.seconds for n, op in comp.db.context_linear_ops(int(t)).items() if n not in ROUTED_OPS)
+        assert share == pytest.approx(total - own, rel=1e-9) and 0 < share < total
+    # at 4 tokens a rank the routed group (the experts over 32 tokens) outlasts the shared experts
+    assert group.values[list(lin.axes[0]).index(4.0)] > 0.8 * lin.values[list(lin.axes[0]).index(4.0)]
+    assert "moe_group" in json.dumps(comp.table.metadata["provenance"])
+    back = read_table(write_table(tmp_path / "t", comp.table))
+    assert list(back.components["moe_group"].values) == pytest.approx(list(group.values))
+    # a table without attention DP has no such term: its groups are single engines
+    tp8 = compose_source(resolve_model(DSV3), "h200", Layout(8, 1, True), dtype="fp8", engine="trtllm",
+                         block_size=64, max_num_batched_tokens=2048, max_model_len=2048, max_num_seqs=8)
+    assert "moe_group" not in tp8.table.components
+
+
+def _moe_row(engine: str, version: str, tokens: int, ep: int) -> float:
+    """The database's own ``moe`` row (ms) of DeepSeek-V3's experts (7168 x 2048, 256 experts, top 8,
+    FP8 block scales, power law 1.01 as AIConfigurator routes DeepSeek) at ``tokens`` tokens, EP ``ep``."""
+    import importlib.resources as res
+
+    import pyarrow.parquet as pq
+
+    path = res.files("aiconfigurator_core") / "systems" / "data" / "h200_sxm" / "moe" / engine / version
+    rows = pq.read_table(str(path / "moe_perf.parquet")).to_pylist()
+    hit = [r["latency"] for r in rows if (r["hidden_size"], r["inter_size"], r["num_experts"], r["topk"]) ==
+           (7168, 2048, 256, 8) and r["moe_dtype"] == "fp8_block" and r["num_tokens"] == tokens
+           and (r["moe_tp_size"], r["moe_ep_size"]) == (1, ep) and r["distribution"] == "power_law_1.01"]
+    assert len(hit) == 1, hit
+    return hit[0]
+
+
+def test_the_first_dense_layers_run_a_dense_ffn_not_the_moe_block():
+    """DeepSeek-V3's first 3 of 61 layers have a dense FFN (first_k_dense_replace); AIConfigurator's
+    DeepSeek model prices the MoE block over all 61. The routed experts are the database's moe row
+    times 58 layers, every MoE-block operator 58/61 of AIConfigurator's, and the 3 dense FFNs (gate/up
+    7168 -> 2 x 18432 / tp, down 18432 / tp -> 7168) cost at least their weights streamed from HBM."""
+    require_aic()
+    from calib.sources.kernel_db import KernelDb, resolve_model
+    from calib.sources.kernel_db_moe import MOE_BLOCK_OPS, Layout, MoeKernelDb
+
+    for layout, mlp_tp in ((Layout(8, 1, True), 8), (Layout(1, 8, True), 1)):
+        db = MoeKernelDb(resolve_model(DSV3), "h200", layout, dtype="fp8", engine="trtllm")
+        assert (db.dense_layers, db.dense_mlp_tp()) == (3, mlp_tp)
+        t = 64 if layout.data_parallel == 1 else 8  # the experts see 64 tokens either way
+        ops, aic = db.context_linear_ops(t), KernelDb.linear_ops(db, t)
+        assert ops["moe"].seconds == pytest.approx(58 * _moe_row("trtllm", db.engine_version, 64, 8) * 1e-3, rel=2e-3)
+        for name in set(aic) & set(MOE_BLOCK_OPS):
+            assert ops[name].seconds == pytest.approx(aic[name].seconds * 58 / 61, rel=1e-12)
+        bw = float(db.gpu_spec["mem_bw"])  # bytes/s; FP8 weights: 1 byte each
+        floor = 3 * 7168 * 18432 // mlp_tp / bw
+        assert ops["dense_gate_up_gemm"].seconds > 2 * floor and ops["dense_ffn2_gemm"].seconds > floor
+        assert ops["dense_gate_up_gemm"].source == "silicon"
+        # the overlapped (generation) list at the same tokens gets the same correction
+        gen = db.linear_ops(t)
+        aic_gen = db._ops(db.handle.evaluate_generation_ops(db._gen_linear, batch_size=t, s=1))
+        assert gen["moe_overlap"].seconds == pytest.approx(aic_gen["moe_overlap"].seconds * 58 / 61, rel=1e-12)
+        assert gen["dense_ffn2_gemm"].seconds > floor
+    # gpt-oss has no dense layers: nothing changes
+    oss = MoeKernelDb(resolve_model("openai/gpt-oss-120b"), "h200", Layout(1, 1, False), engine="vllm")
+    assert oss.dense_layers == 0 and oss.context_linear_ops(64) == KernelDb.linear_ops(oss, 64)

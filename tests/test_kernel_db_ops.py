@@ -80,7 +80,8 @@ def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_1024_tokens():
         db.handle.evaluate_generation_ops([gen.index("generation_moe_overlap")], batch_size=4, s=1)[0][1]
         * 1e-3
     )
-    assert small["moe_overlap"].seconds == pytest.approx(overlap, rel=1e-9)
+    # over the 58 MoE layers: DeepSeek's first 3 are dense (kernel_db_moe.MoeKernelDb.with_dense_layers)
+    assert small["moe_overlap"].seconds == pytest.approx(overlap * 58 / 61, rel=1e-9)
     serial = db._ops(db.handle.evaluate_context_ops(db._linear, batch_size=1, s=4))
     moe_block = sum(op.seconds for n, op in serial.items() if n.startswith(("shared_", "router", "moe")))
     assert 0.5e-3 < moe_block - overlap < moe_block  # the shared experts' time, hidden

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import simpy
 
 from sim import run
@@ -76,3 +77,43 @@ def test_dp_ranks_of_a_dense_model_stay_independent_engines():
     steps = run(_scenario("llama-3-8b", 2, False)).steps
     inside, _ = _overlaps(steps)
     assert inside > 0  # one rank's steps start inside the other's
+
+
+class _MoeRank(_Rank):
+    """A stand-in rank whose step of ``tokens`` tokens is ``dense`` seconds plus the experts'
+    ``moe_group(tokens)`` (what a kernel-db attention-DP table's linear(T) holds)."""
+
+    class _Latency:
+        @staticmethod
+        def moe_group(tokens: float) -> float:
+            return 0.01 * tokens  # the experts over D x tokens: 10 ms per token per rank
+
+    latency = _Latency()
+
+    def __init__(self, dense: float, tokens: int) -> None:
+        super().__init__(dense + self.latency.moe_group(tokens), 1)
+        self.tokens = tokens
+
+    def plan_step(self, start):
+        shape = type("Shape", (), {"num_tokens": self.tokens})()
+        return ((self.dt, None, shape), False) if self.left else (None, False)
+
+
+def test_unequal_ranks_run_the_experts_once_over_the_groups_tokens():
+    """One rank prefills 1,000 tokens beside 3 ranks decoding 8: the experts see 1,024 tokens (a mean of
+    256 per rank), not 4 x 1,000 as the prefill rank's own price assumes. Each rank keeps its dense
+    layers and attention on its own tokens: 4 s + moe_group(256) = 6.56 s, not 4 s + 10 s."""
+    env = simpy.Environment()
+    ranks = [_MoeRank(4.0, 1000)] + [_MoeRank(0.5, 8) for _ in range(3)]
+    LockstepGroup(env, ranks)
+    env.run()
+    assert ranks[0].ended == [(0.0, pytest.approx(6.56), pytest.approx(6.56))]
+    assert {r.ended[0][2] for r in ranks} == {ranks[0].ended[0][2]}
+
+
+def test_equal_ranks_keep_their_own_price_exactly():
+    env = simpy.Environment()
+    ranks = [_MoeRank(0.3, 16) for _ in range(4)]
+    LockstepGroup(env, ranks)
+    env.run()
+    assert all(r.ended == [(0.0, 0.3 + 0.16, 0.3 + 0.16)] for r in ranks)  # bit for bit

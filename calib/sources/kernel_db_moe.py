@@ -16,7 +16,13 @@ composition this reuses unchanged):
   (T per rank × dp: its ``attention_dp_size`` multiplies the MoE's token count), so ``linear(T)``
   is the step of one rank when every rank runs T tokens, the MoE waiting for all of them. A
   table made so prices the ranks of a DP engine as stepping together on equal shares, which is
-  how the corpus rows run them (one concurrency split evenly over the ranks);
+  how the corpus rows run them (one concurrency split evenly over the ranks). When the ranks run
+  unequal token counts (one prefilling beside the others' decodes) the experts see the group's
+  tokens, not D times the slowest rank's: the table's ``moe_group`` component (the routed experts'
+  share of ``linear(T)``, :func:`add_moe_group`) lets :mod:`sim.lockstep` price them so;
+- **dense first layers**: DeepSeek's ``first_k_dense_replace`` layers run a dense FFN where
+  AIConfigurator's operator list prices the MoE block over every layer
+  (:meth:`MoeKernelDb.with_dense_layers`);
 - **MLA**: AIConfigurator prices DeepSeek-style attention as one ``mla_block`` operator (the
   q/kv low-rank projections, the rope, the attention and o_proj, from its ``mla`` and
   ``mla_bmm`` rows), so the block is taken whole as attention: ``prefill_attn(n, c)`` is the
@@ -39,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calib.sources.kernel_db import KernelDb, ModelSource
+from calib.sources.kernel_db import KernelDb, ModelSource, Op
 from sim.errors import CbsimError
 
 
@@ -149,11 +155,78 @@ class MoeKernelDb(KernelDb):
         """The token-major operators at ``tokens``; up to :data:`MOE_OVERLAP_MAX_TOKENS` the
         shared experts run beside the routed ones (:data:`MODELLED_MOE_OVERLAP`), priced as
         AIConfigurator's generation list composes them (its ``generation_moe_overlap`` operator:
-        the slower of the two groups, not their sum)."""
+        the slower of the two groups, not their sum). The first dense layers get their dense FFN
+        in place of the MoE block (:meth:`with_dense_layers`)."""
         gen = self._gen_linear
         if gen and int(tokens) <= MOE_OVERLAP_MAX_TOKENS:
-            return self._ops(self.handle.evaluate_generation_ops(gen, batch_size=int(tokens), s=1))
-        return super().linear_ops(tokens)
+            ops = self._ops(self.handle.evaluate_generation_ops(gen, batch_size=int(tokens), s=1))
+            return self.with_dense_layers(ops, int(tokens), context=False)
+        return self.context_linear_ops(tokens)
+
+    def context_linear_ops(self, tokens: int):
+        """AIConfigurator's context list of token-major operators at ``tokens`` (shared and routed
+        experts summed), the first dense layers corrected (:meth:`with_dense_layers`)."""
+        return self.with_dense_layers(super().linear_ops(tokens), int(tokens), context=True)
+
+    @property
+    def dense_layers(self) -> int:
+        """How many of the model's first layers have a dense FFN that AIConfigurator's operator list
+        prices as MoE layers: ``first_k_dense_replace`` of a DeepSeek-style config (DeepSeek-V3/R1: 3
+        of 61; Kimi-K2.5: 1 of 61) when the list has no dense FFN GEMM of its own (its DeepSeek
+        model counts every layer in the shared-expert, router and MoE operators:
+        ``sdk/models/deepseek.py``, ``num_moe_layers=self._num_layers``), else 0."""
+        if not hasattr(self, "_dense_layers"):
+            spec = self.model.spec
+            k = int(getattr(spec, "first_k_dense_layers", 0) or 0) if spec.is_moe else 0
+            names = self.context_ops
+            has_dense = any("gate_up_gemm" in n and "shared" not in n for n in names)
+            self._dense_layers = k if 0 < k < spec.num_layers and not has_dense else 0
+        return self._dense_layers
+
+    def with_dense_layers(self, ops: dict, tokens: int, *, context: bool) -> dict:
+        """``ops`` with the MoE block (:data:`MOE_BLOCK_OPS`) over ``L - k`` of the ``L`` layers and
+        the ``k`` dense layers' SwiGLU FFN added (:data:`MODELLED_DENSE_LAYERS`): its gate/up and down
+        GEMMs priced from the database's GEMM rows at ``tokens`` rows, its activation by
+        AIConfigurator's memory-op formula, at the engine's MLP tensor parallelism
+        (:meth:`dense_mlp_tp`). Unchanged without dense layers or tokens."""
+        k = self.dense_layers
+        if not k or tokens <= 0:
+            return ops
+        keep = 1.0 - k / self.model.spec.num_layers
+        out = {name: (Op(op.seconds * keep, op.source) if name in MOE_BLOCK_OPS else op) for name, op in ops.items()}
+        out.update(self._ops(self._dense_ffn_rows(tokens, context)))
+        return out
+
+    def dense_mlp_tp(self) -> int:
+        """TensorRT-LLM's (and SGLang's) tensor parallelism of a DeepSeek dense layer's MLP: 1 under
+        attention DP ("the MLP also uses DP instead of TP"), else gcd(intermediate / 128, tp)
+        (``DeepseekV3DecoderLayer._compute_mlp_tp_size``: the FP8 128-block scales bound it)."""
+        import math
+
+        if self.layout.data_parallel > 1:
+            return 1
+        return math.gcd(self.model.spec.intermediate_size // 128, self.layout.tensor_parallel)
+
+    def _dense_ffn_rows(self, tokens: int, context: bool):
+        import aiconfigurator_core.sdk.operations as aic_ops
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.engine import build_ops_json
+
+        spec, k, tp = self.model.spec, self.dense_layers, self.dense_mlp_tp()
+        inter, h = spec.intermediate_size // tp, spec.hidden_size
+        quant = getattr(common.GEMMQuantMode, str(self.compile_kwargs()["gemm_quant_mode"]))
+        phase = "context" if context else "generation"
+        key = (phase, k, tp)
+        cache = self.__dict__.setdefault("_dense_json", {})
+        if key not in cache:
+            cache[key] = build_ops_json([
+                aic_ops.GEMM(f"{phase}_dense_gate_up_gemm", k, 2 * inter, h, quant),
+                aic_ops.ElementWise(f"{phase}_dense_act_gate", k, 2 * inter, inter, 0.8),
+                aic_ops.GEMM(f"{phase}_dense_ffn2_gemm", k, h, inter, quant),
+            ])
+        if context:
+            return self.handle.evaluate_ops_json(cache[key], is_context=True, batch_size=1, s=int(tokens))
+        return self.handle.evaluate_ops_json(cache[key], is_context=False, batch_size=int(tokens), s=1)
 
     @property
     def overlaps_shared_experts(self) -> bool:
@@ -201,6 +274,24 @@ class MoeKernelDb(KernelDb):
         return None
 
 
+# AIConfigurator's operators of a DeepSeek-style MoE block (shared experts, router, dispatch, routed
+# experts; ``moe_overlap``: the block with shared and routed experts overlapped), each priced over
+# every layer of the model
+MOE_BLOCK_OPS = (
+    "shared_gate_up_gemm", "shared_act_gate", "shared_ffn2_gemm", "router_gemm", "moe_pre_dispatch", "moe",
+    "moe_post_dispatch", "moe_overlap",
+)
+MODELLED_DENSE_LAYERS = (
+    "first dense layers: AIConfigurator's DeepSeek model prices the MoE block (shared experts, router, "
+    "dispatch, routed experts) over every layer (sdk/models/deepseek.py: num_moe_layers = num_layers); "
+    "the checkpoint's first_k_dense_replace layers run a dense SwiGLU FFN instead. linear(T) takes the "
+    "MoE block's operators over L - k of the L layers and adds the k layers' FFN (gate/up and down "
+    "GEMMs from the database's GEMM rows, the activation by AIConfigurator's memory-op formula) at the "
+    "engine's MLP tensor parallelism (TensorRT-LLM DeepseekV3DecoderLayer._compute_mlp_tp_size: 1 "
+    "under attention DP, else gcd(intermediate_size / 128, tp)); the dense layers' own all-reduce is "
+    "left out with the MoE block's dispatch and combine"
+)
+
 # SGLang runs the shared experts on the current stream and the router + routed experts on an
 # alternate one when a step has at most this many tokens (python/sglang/srt/models/deepseek_v2.py,
 # DeepseekV2MoE.forward: DUAL_STREAM_TOKEN_THRESHOLD = 1024, forward_normal_dual_stream)
@@ -222,6 +313,42 @@ MODELLED_MLA = (
     "MLA: the mla_block operator (projections + attention) is priced per chunk in prefill_attn and per "
     "decode batch in decode_attn, so in a step with both its projection weights are read twice"
 )
+
+
+# AIConfigurator's operators of the routed experts and their dispatch / combine: under attention DP
+# it prices them at every rank's tokens (T x attention_dp_size), the rest at the rank's own T
+ROUTED_OPS = ("moe_pre_dispatch", "moe", "moe_post_dispatch")
+MODELLED_MOE_GROUP = (
+    "attention DP: moe_group(T) is the part of linear(T) that is the routed experts with their dispatch "
+    "and combine (AIConfigurator's moe_pre_dispatch, moe, moe_post_dispatch, priced over T x D tokens): "
+    "linear(T) less the operators each rank runs on its own T tokens (norms, shared experts, router). "
+    "A lockstep group whose ranks ran unequal token counts prices the experts once at the group's mean "
+    "tokens per rank instead of each rank's own (sim/lockstep.py): TensorRT-LLM all-gathers each rank's "
+    "own count (DeepseekV3MoE.compute_routed_output, use_dp_padding off on Hopper; CUDA graphs, which "
+    "pad, only when every rank is generation-only at one batch size)"
+)
+
+
+def moe_group_seconds(db: MoeKernelDb, tokens: int, linear_s: float) -> float:
+    """The routed experts' share of ``linear(tokens) = linear_s`` (:data:`MODELLED_MOE_GROUP`):
+    ``linear_s`` less AIConfigurator's per-rank operators at ``tokens`` (its context list, every
+    operator but :data:`ROUTED_OPS`), within [0, linear_s]. Where the shared experts overlap the
+    routed ones (:attr:`MoeKernelDb.overlaps_shared_experts`, up to 1024 tokens) ``linear_s`` holds the
+    slower group, so the share is what the routed group adds beyond the shared one."""
+    if tokens <= 0:
+        return 0.0
+    own = sum(op.seconds for name, op in db.context_linear_ops(tokens).items() if name not in ROUTED_OPS)
+    return min(max(linear_s - own, 0.0), linear_s)
+
+
+def add_moe_group(comp) -> None:
+    """The table's ``moe_group`` component on its ``linear`` grid (sim/latency/table_format.py)."""
+    from sim.latency.table_format import make_component
+
+    lin = comp.table.components["linear"]
+    axis = lin.axes[0]
+    values = [moe_group_seconds(comp.db, int(t), float(v)) for t, v in zip(axis, lin.values)]
+    comp.table.components["moe_group"] = make_component("moe_group", (axis,), values)
 
 
 def build_table(
@@ -272,8 +399,13 @@ def compose_source(
     meta = comp.table.metadata
     meta["parallel"] = layout.to_metadata()
     notes = {"mla_block": MODELLED_MLA} if source.spec.is_mla else {}
+    if layout.data_parallel > 1 and source.spec.is_moe:
+        add_moe_group(comp)
+        notes["moe_group"] = MODELLED_MOE_GROUP
     if db._gen_linear:
         notes["moe shared/routed overlap"] = MODELLED_MOE_OVERLAP
+    if db.dense_layers:
+        notes["first dense layers"] = MODELLED_DENSE_LAYERS
     if notes:
         prov = meta.setdefault("provenance", {}) or {}
         modelled = prov.get("modelled")

@@ -58,6 +58,9 @@ class LatencyModel:
     """Prices a step (seconds) and a swap; reports FLOPs and bytes for MFU/MBU."""
 
     name = "base"
+    # attention DP: seconds of linear(T) that are the experts over every rank's tokens, as a
+    # function of T per rank (sim.lockstep re-prices them over the group); None: not separable
+    moe_group = None
 
     def __init__(self, model, gpu, tensor_parallel: int, block_size: int) -> None:
         self.model = model

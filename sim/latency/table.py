@@ -50,6 +50,9 @@ class TableLatency(LatencyModel):
         self._seq = _Grid1(comps["per_seq"], self) if "per_seq" in comps else None
         self._mix = _Grid2(comps["decode_attn_mixed"], self) if "decode_attn_mixed" in comps else self._dec
         self._cpu = _Grid1(comps["engine_cpu"], self) if "engine_cpu" in comps else None
+        # attention DP: the routed experts' share of linear(T), re-priced by sim.lockstep over the
+        # group's tokens (table_format: moe_group); None keeps a group step at its slowest rank's price
+        self.moe_group = _Grid1(comps["moe_group"], self) if "moe_group" in comps else None
         self.async_scheduling = bool(async_scheduling)
         self.skew = float(table.metadata.get("decode_skew_alpha") or 0.0)
         # the engines run every prefill chunk of a step in one varlen attention launch: its fixed

@@ -55,6 +55,12 @@ Optional components (a table may leave any of them out; old tables have none):
   ``max(gpu, engine_cpu)`` with asynchronous scheduling (the scenario's
   ``engine.async_scheduling``; :mod:`sim.latency.engine_cpu`). Absent: 0. ``overhead`` and
   ``step_gap`` are always added.
+- ``moe_group`` (1-D, ``tokens``): in a table made for attention data parallelism (metadata
+  ``parallel.data_parallel`` D > 1), the part of ``linear(T)`` that is the routed experts and their
+  dispatch / combine, which run over every rank's tokens (``linear(T)`` prices them at T tokens on
+  each of the D ranks). Not added to a step: a lockstep group (:mod:`sim.lockstep`) re-prices it at
+  the group's mean tokens per rank when its ranks ran unequal token counts. Absent: a group step is
+  its slowest rank's own price.
 
 Decode skew (metadata ``decode_skew_alpha``, default 0): decodes of unequal contexts cost more
 than a batch all at the mean context; with α > 0 the decode attention of a step is
@@ -163,6 +169,7 @@ OPTIONAL_COMPONENTS: dict[str, tuple[str, ...]] = {
     "per_seq": ("sequences",),
     "decode_attn_mixed": ("batch", "mean_context"),
     "engine_cpu": ("sequences",),
+    "moe_group": ("tokens",),
 }
 ALL_COMPONENTS: dict[str, tuple[str, ...]] = {**COMPONENTS, **OPTIONAL_COMPONENTS}
 

@@ -23,7 +23,10 @@ vLLM's rules (``v1/core/block_pool.py``, ``kv_cache_utils.py::FreeKVCacheBlockQu
 
 The queue always has the shape ``unhashed blocks ++ hashed blocks``: it starts with only
 unhashed blocks, unhashed blocks only ever enter at the front and hashed ones at the back, pops
-take the front, and :meth:`touch` only takes out cached (hashed) blocks. So it is kept as two
+take the front, and :meth:`touch` only takes out cached (hashed) blocks. (A *released* block, the
+content of a finished request that no lookup can name, counts as hashed for the queue; when the
+request's whole table goes back in one piece, :meth:`free_table` places it by position and it
+carries no name at all: see :attr:`BlockPool.num_named`.) So it is kept as two
 parts, each with O(1) operations and no per-block Python object: the unhashed front as a list used
 as a stack (its top is the queue's front), and the hashed back as a list in queue order read from
 a head index, so that popping many blocks is one slice. A cache hit taken out of the back leaves
@@ -69,6 +72,13 @@ class BlockPool:
         self._stale = [0] * n  # stale entries of each block in the back queue
         self._num_stale = 0
         self._num_back = 0  # live blocks in the back queue
+        # blocks whose block_hash is not None (a content hash or a private tag): while there are
+        # none, a block popped from the back has nothing to clear (the pop's per-block pass is
+        # only the reference count). Whoever writes block_hash outside this class counts here.
+        self.num_named = 0
+        # references beyond a block's first (cache hits on blocks in use, a hand-off's pins):
+        # while there are none, every held block has ref_cnt 1 and a request's table is its own
+        self.extra_refs = 0
 
     # --- the free queue ---------------------------------------------------------------------
     @property
@@ -135,18 +145,21 @@ class BlockPool:
         for b in out:
             ref[b] = 1
         out += taken
-        block_hash = self.block_hash
-        if self._cached:
+        if self.num_named:
+            block_hash = self.block_hash
+            cleared = 0
             for b in taken:  # evict: each popped block loses its content
                 ref[b] = 1
                 h = block_hash[b]
-                block_hash[b] = None
-                if h > 0:
-                    self._unregister(b, h)
-        else:  # nothing is registered: the back holds private tags only (the Azure replay's case)
+                if h is not None:
+                    block_hash[b] = None
+                    cleared += 1
+                    if h > 0:
+                        self._unregister(b, h)
+            self.num_named -= cleared
+        else:  # no block carries a name: the back holds released blocks only (a Poisson load's case)
             for b in taken:
                 ref[b] = 1
-                block_hash[b] = None
         return out
 
     def touch(self, blocks: Iterable[int]) -> None:
@@ -160,6 +173,8 @@ class BlockPool:
                     self._num_back -= 1
                 else:  # not a cache hit; kept correct all the same
                     self._front.remove(b)
+            else:
+                self.extra_refs += 1
             ref[b] += 1
 
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
@@ -179,6 +194,7 @@ class BlockPool:
         to_front = []
         back = self._back
         n_back = len(back)
+        still_held = 0
         for b in ordered_blocks:
             c = ref[b] - 1
             ref[b] = c
@@ -187,7 +203,10 @@ class BlockPool:
                     to_front.append(b)
                 else:
                     back.append(b)
+            else:
+                still_held += 1
         self._num_back += len(back) - n_back
+        self.extra_refs -= still_held
         # unhashed blocks go to the front, keeping their given order
         if to_front:
             to_front.reverse()
@@ -197,9 +216,10 @@ class BlockPool:
         """``free_blocks(reversed(blocks))`` for a block table whose first ``num_hashed`` blocks
         hold content and the rest none (what a request's table is): when the request is each
         block's only holder (nothing shared or pinned) every block reaches 0, the unhashed tail
-        goes to the front and the hashed head to the back, tail first, as two list operations."""
+        goes to the front and the hashed head to the back, tail first, as two list operations.
+        The head goes to the back whatever its blocks' names (a released block has none)."""
         ref = self.ref_cnt
-        if max(map(ref.__getitem__, blocks)) != 1:
+        if self.extra_refs and max(map(ref.__getitem__, blocks)) != 1:
             self.free_blocks(reversed(blocks))
             return
         for b in blocks:
@@ -223,6 +243,7 @@ class BlockPool:
         if self.block_hash[b] is not None:
             raise ValueError(f"block {b} is already cached")
         self.block_hash[b] = block_hash
+        self.num_named += 1
         copies = self._cached.get(block_hash)
         if copies is None:
             self._cached[block_hash] = {b: None}
@@ -246,7 +267,9 @@ class BlockPool:
         queue = self.free_queue()
         assert len(queue) == self.num_free, "queue length and counter disagree"
         assert all(self.block_hash[b] is None for b in self._front), "a hashed block in the unhashed front"
-        assert all(self.block_hash[b] is not None for b in self._live_back()), "an unhashed block in the hashed back"
+        # (a block of the back may carry no name: a released one, placed there by free_table)
+        assert self.num_named == sum(h is not None for h in self.block_hash), "named blocks miscounted"
+        assert self.extra_refs == sum(max(c - 1, 0) for c in self.ref_cnt), "extra references miscounted"
         assert self._num_stale == sum(self._stale), "stale counts disagree"
         assert NULL_BLOCK not in queue, "the null block is in the free queue"
         in_q = set(queue)

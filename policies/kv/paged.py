@@ -27,7 +27,9 @@ vLLM registers them. When the request frees them, each gets a *private tag* in t
 (``BlockPool.block_hash``: a negative number naming the request and the block's index, or
 ``RELEASED_TAG`` once the request has finished and no lookup can name it again), which is
 all the free queue reads (a registered block goes to its back, where eviction finds it in LRU
-order), and a preempted request keeps, per block index, the blocks that held that content in the
+order). A finished request's table that goes back in one piece (no block of it held twice:
+``BlockPool.extra_refs`` is 0) needs no tags at all: ``BlockPool.free_table`` puts its registered
+head at the back by position, and nothing ever reads a released block's name. A preempted request keeps, per block index, the blocks that held that content in the
 order they were registered (vLLM's registry order for that hash). A lookup of an own block takes
 the first of them whose tag is still in place (not evicted since). Every decision (hits, the free
 queue's order, evictions) is the one full hashing gives; what is saved is the hashing, the
@@ -293,13 +295,20 @@ class PagedKVManager:
         """Give the request's registered own blocks their private tags before they are freed
         (a tagged block goes to the back of the free queue, as a hashed one does); when it may
         come back (``keep``), remember them per index in vLLM's registry order for that hash."""
-        bh, blocks = self.pool.block_hash, st.blocks
+        pool = self.pool
+        bh, blocks = pool.block_hash, st.blocks
         lo, hi = st.shared, st.num_cached_blocks
         if not keep:
             # released: no lookup will ever name this request again, so its blocks need only be
-            # "hashed" for the free queue (not None) and in no registry (not positive)
-            for b in blocks[lo:hi]:
-                bh[b] = RELEASED_TAG
+            # "hashed" for the free queue (not None) and in no registry (not positive); with no
+            # block held twice free_table places the whole table by position and reads no name
+            if pool.extra_refs:
+                named = 0
+                for b in blocks[lo:hi]:
+                    if bh[b] is None:
+                        named += 1
+                    bh[b] = RELEASED_TAG
+                pool.num_named += named
             return
         if not st.tag:
             self._tags += 1
@@ -314,7 +323,8 @@ class PagedKVManager:
             copies = own.get(i)
             # evicted copies left vLLM's registry; this block joins it last
             own[i] = [c for c in copies if bh[c] == t] + [b] if copies else [b]
-            bh[b] = t
+            bh[b] = t  # a block of its own it computed: it had no name
+            pool.num_named += 1
 
     # --- pure-decode stretches (Policy.decode_stretch) ----------------------------------------
     # In a pure-decode step every request of the batch asks allocate_slots for one more slot: a

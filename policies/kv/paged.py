@@ -185,7 +185,7 @@ class PagedKVManager:
         required = -(-num_tokens // self.block_size)
         new = max(required - len(new_computed_blocks) - len(st.blocks), 0)
         if new_computed_blocks:
-            ref = self.pool.ref_cnt
+            ref = self.pool.refs  # hits are named blocks: their counts are exact
             new += sum(1 for b in new_computed_blocks if ref[b] == 0)
         return new
 
@@ -283,8 +283,11 @@ class PagedKVManager:
         if st.num_cached_blocks > st.shared:
             self._tag_own(st, _keep_own)
         if self.enable_caching:
-            # blocks [0, num_cached) hold content (hashed or tagged), the rest none
-            self.pool.free_table(st.blocks, st.num_cached_blocks)
+            # blocks [0, num_cached) hold content (hashed or tagged), the rest none; own blocks
+            # carry a name only if the request was ever tagged or they were just tagged released
+            pool, n_cached = self.pool, st.num_cached_blocks
+            named = n_cached if st.tag or pool.extra_refs else min(st.shared, n_cached)
+            pool.free_table(st.blocks, n_cached, named)
         else:
             self.pool.free_blocks(reversed(st.blocks))
         self._held_blocks -= len(st.blocks)
@@ -303,10 +306,12 @@ class PagedKVManager:
             # "hashed" for the free queue (not None) and in no registry (not positive); with no
             # block held twice free_table places the whole table by position and reads no name
             if pool.extra_refs:
-                named = 0
+                named, refs = 0, pool.refs
                 for b in blocks[lo:hi]:
                     if bh[b] is None:
                         named += 1
+                        if refs[b] < 2:
+                            refs[b] = 1  # named: its count is exact (block_pool's module doc)
                     bh[b] = RELEASED_TAG
                 pool.num_named += named
             return
@@ -323,8 +328,9 @@ class PagedKVManager:
             copies = own.get(i)
             # evicted copies left vLLM's registry; this block joins it last
             own[i] = [c for c in copies if bh[c] == t] + [b] if copies else [b]
-            bh[b] = t  # a block of its own it computed: it had no name
+            bh[b] = t  # a block of its own it computed: it had no name, and one holder
             pool.num_named += 1
+            pool.refs[b] = 1
 
     # --- pure-decode stretches (Policy.decode_stretch) ----------------------------------------
     # In a pure-decode step every request of the batch asks allocate_slots for one more slot: a

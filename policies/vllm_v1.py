@@ -166,6 +166,9 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         # the last plan scheduled every running request and each will have emitted its token:
         # after that step every running request is one decode away (see decode_stretch)
         self._decode_ready = False
+        # finish_step came after the last plan: the engine emitted its tokens (it calls
+        # finish_step after emitting, as both engines and every replay here do)
+        self._reported = True
         self._lookahead = 0  # KV slots allocated beyond a step's tokens (speculative decoding)
         # the edge calendar of bulk decode steps and stretches (see _bulk_decodes): one bucket of
         # (rank, request, KV state) per phase; None: to be rebuilt from the running list
@@ -277,7 +280,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         preempted = plan.preempted
 
         # Phase A: running requests, in list order; all at once when each is one decode away
-        bulk = self._bulk_decodes(token_budget) if self._decode_ready else None
+        bulk = self._bulk_decodes(token_budget) if self._decode_ready and self._reported else None
+        self._reported = False
         spec_k, lookahead = self.num_speculative_tokens, self._lookahead
         if bulk is None:
             self._drop_edges()  # requests advance by other amounts than one token: rebuild
@@ -476,9 +480,11 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         if not running or len(running) > token_budget:
             return None
         last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
-        # every running request one decode away (all its tokens computed but the last), with room
+        # every running request is one decode away (all its tokens computed but the last): the
+        # last plan scheduled and completed each (_decode_ready) and the engine emitted their
+        # tokens before its finish_step (schedule() checks both); room for one more token
         context = [r.num_computed_tokens for r in running]
-        if context != [r.prompt_tokens + r.num_output_tokens - 1 for r in running] or max(context) >= last:
+        if max(context) >= last:
             return None
         edges = self._edges
         if edges is None:
@@ -530,20 +536,16 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._ranks = rank
 
     def _due(self, phases) -> list[tuple[int, Request, Any]]:
-        """The live entries of these phases' buckets, in running order; finished requests (their
-        blocks freed) leave their bucket here."""
+        """The entries of these phases' buckets, in running order (finished requests left their
+        bucket in finish_step)."""
         edges = self._edges
         due: list[tuple[int, Request, Any]] = []
         filled = 0
         for p in phases:
             bucket = edges[p]
             if bucket:
-                live = [e for e in bucket if e[2].blocks]
-                if len(live) < len(bucket):
-                    edges[p] = live
-                if live:
-                    due += live
-                    filled += 1
+                due += bucket
+                filled += 1
         if filled > 1:
             due.sort()  # by rank: each bucket is in running order, the merge is too
         return due
@@ -561,7 +563,10 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         fills, edge, grow, grow_ctx = [], [], [], []
         for _, r, st in due:
             c = r.num_computed_tokens
-            if c >= len(st.blocks) * B:
+            blocks = st.blocks
+            if not blocks:
+                raise AssertionError(f"{r.id}: in the edge calendar without blocks")
+            if c >= len(blocks) * B:
                 grow.append(st)  # needs a block
                 grow_ctx.append(c)
                 edge.append(r)
@@ -587,8 +592,19 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         return True
 
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
+        self._reported = True
         if not finished:
             return
+        edges = self._edges
+        if edges is not None:  # they leave the calendar: each from the bucket of its phase
+            B, tick = len(edges), self._tick
+            for r in finished:
+                bucket = edges[(r.num_computed_tokens - tick) % B]
+                i = next((i for i, e in enumerate(bucket) if e[1] is r), None)
+                if i is None:  # not where its phase says: the calendar is rebuilt
+                    self._drop_edges()
+                    break
+                del bucket[i]
         for r in finished:  # batch order, each request's blocks tail first
             self.kv.release(r)
             r.policy_state = None

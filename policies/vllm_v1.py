@@ -579,7 +579,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             return False
         if edge:
             if len(grow) == len(edge) and kv.tiers is None and (
-                    not caching or all(st.num_cached_blocks >= st.shared for st in grow)):
+                    not caching or not kv.num_sharing or all(st.num_cached_blocks >= st.shared for st in grow)):
                 # each needs one block and registers nothing but by count: one pop of the free queue
                 # hands out the blocks those allocate_slots calls would, in the same order
                 kv.append_decode_blocks(grow, grow_ctx)

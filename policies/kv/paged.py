@@ -90,6 +90,9 @@ class PagedKVManager:
         self._reqs: dict[Request, _ReqKV] = {}
         self._held_blocks = 0  # sum of block-table lengths (a shared block counts once per holder)
         self._tags = 0  # requests given private tags so far
+        # request states with leading blocks another request may hold (shared > 0): while there
+        # are none, every block still to fill is its request's own (nothing to check per request)
+        self.num_sharing = 0
         self.tiers: TierStore | None = None  # KV offloading below the GPU (policies.kv.tiers)
 
     # --- what the policy reads -------------------------------------------------------------
@@ -122,7 +125,10 @@ class PagedKVManager:
 
     def _new_state(self, req: Request) -> _ReqKV:
         own = req.shareable_tokens
-        return _ReqKV(_ALL if own is None else own // self.block_size)
+        st = _ReqKV(_ALL if own is None else own // self.block_size)
+        if st.shared:
+            self.num_sharing += 1
+        return st
 
     def _hashes(self, req: Request, st: _ReqKV) -> RequestBlockHashes:
         if st.hashes is None:
@@ -373,10 +379,15 @@ class PagedKVManager:
         Returns per step the blocks used, the token slots held, and the stored tokens counted
         from ``stored0`` (the policy's own count before the stretch; each step adds one a request)."""
         used0, held0 = self.num_used_blocks, self.held_token_slots
-        allocated = self.advance_decodes(batch, k, edged)
-        for r in batch:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
+        if edged is None and not (self.enable_caching and self.num_sharing):
+            # every block still to fill is its request's own: the block work and the counters in
+            # one pass over the batch
+            allocated = self._advance_own(batch, None, k, self.enable_caching, advance=True)
+        else:
+            allocated = self.advance_decodes(batch, k, edged)
+            for r in batch:
+                r.num_computed_tokens += k
+                r.num_output_tokens += k
         b, B = len(batch), self.block_size
         totals = list(accumulate(allocated))  # blocks allocated by the end of each step
         used = [used0 + t for t in totals]
@@ -398,7 +409,7 @@ class PagedKVManager:
         reqs = self._reqs
         caching = self.enable_caching
         sts = [reqs[r] for r in batch]
-        if not caching or all(st.num_cached_blocks >= st.shared for st in sts):
+        if not caching or not self.num_sharing or all(st.num_cached_blocks >= st.shared for st in sts):
             return self._advance_own(batch, sts, k, caching)
         events: list[tuple[int, int]] = []
         for i, r in enumerate(batch):
@@ -432,21 +443,28 @@ class PagedKVManager:
             allocated[j - 1] += len(new)
         return allocated
 
-    def _advance_own(self, batch: list[Request], sts: list[_ReqKV], k: int, caching: bool) -> list[int]:
+    def _advance_own(self, batch: list[Request], sts: list[_ReqKV] | None, k: int, caching: bool,
+                     advance: bool = False) -> list[int]:
         """:meth:`advance_decodes` when every block still to fill is its request's own (or
         nothing is cached): registering one is a count, which ends at the last step's context
         (written through to the CPU tier as step by step: own blocks only), and what remains are
         allocations, each of one block with nothing freed in between, so popping them all at once
         hands out (and evicts) the same blocks in the same order. Events are sorted as
-        ``step * len(batch) + index``: (step, batch) order."""
+        ``step * len(batch) + index``: (step, batch) order. ``sts``: the requests' states (None:
+        looked up); ``advance``: move each request's counters ``k`` on in the same pass."""
         B = self.block_size
         tiers = self.tiers if caching else None
+        reqs = self._reqs
         n = len(batch)
         keys = []
         for i in range(n):
-            st = sts[i]
-            c = batch[i].num_computed_tokens
+            r = batch[i]
+            st = reqs[r] if sts is None else sts[i]
+            c = r.num_computed_tokens
             end = c + k
+            if advance:
+                r.num_computed_tokens = end
+                r.num_output_tokens += k
             if caching:
                 full = end // B
                 if full > st.num_cached_blocks:
@@ -466,7 +484,7 @@ class PagedKVManager:
         new = self.pool.get_new_blocks(len(keys))
         for key, block in zip(keys, new):
             j, i = divmod(key, n)
-            sts[i].blocks.append(block)
+            (reqs[batch[i]] if sts is None else sts[i]).blocks.append(block)
             allocated[j - 1] += 1
         self._held_blocks += len(new)
         return allocated
@@ -489,7 +507,9 @@ class PagedKVManager:
     def release(self, req: Request) -> None:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req, _keep_own=False)
-        self._reqs.pop(req, None)
+        st = self._reqs.pop(req, None)
+        if st is not None and st.shared:
+            self.num_sharing -= 1
 
 
 class PagedDecodeStretch:

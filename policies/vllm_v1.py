@@ -166,10 +166,13 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         # the last plan scheduled every running request and each will have emitted its token:
         # after that step every running request is one decode away (see decode_stretch)
         self._decode_ready = False
+        # finish_step came after the last plan: the engine emitted its tokens (it calls
+        # finish_step after emitting, as both engines and every replay here do)
+        self._reported = True
         self._lookahead = 0  # KV slots allocated beyond a step's tokens (speculative decoding)
-        # the edge calendar of consecutive bulk decode steps (see _bulk_decodes): pure-decode
-        # tick -> (rank, request) due at that tick; None: to be rebuilt from the running list
-        self._edges: dict[int, list[tuple[int, Request, Any]]] | None = None
+        # the edge calendar of bulk decode steps and stretches (see _bulk_decodes): one bucket of
+        # (rank, request, KV state) per phase; None: to be rebuilt from the running list
+        self._edges: list[list[tuple[int, Request, Any]]] | None = None
         self._tick = 0  # pure-decode steps taken since the calendar was built
         self._ranks = 0  # ranks given so far (a request's rank orders it as the running list does)
         self._bulk_run = 0  # bulk steps since the calendar was dropped (the first one scans the batch)
@@ -277,7 +280,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         preempted = plan.preempted
 
         # Phase A: running requests, in list order; all at once when each is one decode away
-        bulk = self._bulk_decodes(token_budget) if self._decode_ready else None
+        bulk = self._bulk_decodes(token_budget) if self._decode_ready and self._reported else None
+        self._reported = False
         spec_k, lookahead = self.num_speculative_tokens, self._lookahead
         if bulk is None:
             self._drop_edges()  # requests advance by other amounts than one token: rebuild
@@ -461,27 +465,32 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         (only requests at a block boundary need one; the others' calls do nothing). Returns the
         requests' contexts, or None (nothing changed) to take the request-by-request pass.
 
-        Which requests are at a boundary comes from the *edge calendar*: in consecutive bulk
-        steps every running request's context grows by exactly one token a step, so the step at
-        which each next needs the KV manager (a new block, or a full block to register) is known
-        when it last did; the calendar keeps the requests by that step (a shared tick), and a
-        step touches only those due. Any step that advances requests otherwise (a chunked
-        prefill, a preemption, a fast-forward stretch) drops the calendar, and the next bulk
-        step rebuilds it from the running list."""
+        Which requests are at a boundary comes from the *edge calendar*: while steps are bulk
+        steps and pure-decode stretches, every running request's context grows by one token a
+        step, as the calendar's tick does, so ``(context - tick) mod block_size`` (its *phase*)
+        stays the same. A request needs the KV manager only when its context is a multiple of
+        the block size (the next token opens a block) or one short of it (the token fills a
+        block, registered with caching): both at ticks its phase names. The calendar keeps the
+        requests in one bucket per phase, in running order, and a step looks at the two buckets
+        due (each entry is checked, so one whose block table reaches further just waits); no
+        entry moves until it finishes. A step that advances requests otherwise (a chunked
+        prefill, a preemption) drops the calendar: the next bulk step scans the batch and the
+        one after it builds the calendar again from the running list."""
         running = self.running
         if not running or len(running) > token_budget:
             return None
         last = self.limits.max_model_len - 1  # a decode needs room for one token: context < last
-        # every running request one decode away (all its tokens computed but the last), with room
+        # every running request is one decode away (all its tokens computed but the last): the
+        # last plan scheduled and completed each (_decode_ready) and the engine emitted their
+        # tokens before its finish_step (schedule() checks both); room for one more token
         context = [r.num_computed_tokens for r in running]
-        if context != [r.prompt_tokens + r.num_output_tokens - 1 for r in running] or max(context) >= last:
+        if max(context) >= last:
             return None
         edges = self._edges
-        tick = self._tick
         if edges is None:
             if not self._bulk_run:
-                # a lone bulk step (after a chunked prefill, a long stretch, ...) scans the batch:
-                # building the calendar pays only from the second bulk step in a row on
+                # a lone bulk step (after a chunked prefill, ...) scans the batch: building the
+                # calendar pays only from the second bulk step in a row on
                 kv = self.kv
                 B = kv.block_size
                 states = kv.request_states()
@@ -492,18 +501,20 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
                               if c >= len(st.blocks) * B or (c + 1) // B > st.num_cached_blocks]
                 else:
                     marked = [i for i, (st, c) in enumerate(zip(sts, context)) if c >= len(st.blocks) * B]
-                if marked and not self._decode_edges([(i, running[i], sts[i]) for i in marked], 0, False):
+                if marked and not self._decode_edges([(i, running[i], sts[i]) for i in marked]):
                     return None  # someone may be preempted: the request-by-request pass decides
                 self._bulk_run = 1
                 return context
-            edges, tick = self._edges, self._tick = {}, 0
-            self._ranks = 0
+            edges = self._edges = [[] for _ in range(self.kv.block_size)]
+            self._tick = self._ranks = 0
             self._enter(running, 0)
-        due = edges.pop(tick, None)
-        if due:
-            if not self._decode_edges(due, tick):
-                self._drop_edges()  # someone may be preempted: the request-by-request pass decides
-                return None
+        tick = self._tick
+        B = len(edges)
+        grow = -tick % B  # the phase whose context opens a block at this tick
+        due = self._due((grow, (grow - 1) % B) if self.kv.enable_caching and B > 1 else (grow,))
+        if due and not self._decode_edges(due):
+            self._drop_edges()  # someone may be preempted: the request-by-request pass decides
+            return None
         self._tick = tick + 1
         return context
 
@@ -513,38 +524,48 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
 
     def _enter(self, reqs: list[Request], tick: int) -> None:
         """Put decode-ready requests (in running order, after every one already in) into the
-        calendar: each at the tick of its next block edge, counted from ``tick`` at its
-        current context. An entry is ``(rank, request, its KV state)``."""
+        calendar at ``tick``, each in the bucket of its phase (its context at that tick, less the
+        tick, modulo the block size). An entry is ``(rank, request, its KV state)``."""
         states = self.kv.request_states()
+        edges = self._edges
+        B = len(edges)
         rank = self._ranks
-        entries = []
         for r in reqs:
-            entries.append((rank, r, states[r]))
+            edges[(r.num_computed_tokens - tick) % B].append((rank, r, states[r]))
             rank += 1
         self._ranks = rank
-        self._reenter(entries, tick)
 
-    def _decode_edges(self, due: list[tuple[int, Request, Any]], tick: int, reenter: bool = True) -> bool:
-        """The KV work of the bulk step at ``tick`` for the requests due then, in running order:
-        False (nothing changed) when their new blocks do not fit. ``reenter``: put them back
-        in the calendar at their next edge."""
+    def _due(self, phases) -> list[tuple[int, Request, Any]]:
+        """The entries of these phases' buckets, in running order (finished requests left their
+        bucket in finish_step)."""
+        edges = self._edges
+        due: list[tuple[int, Request, Any]] = []
+        filled = 0
+        for p in phases:
+            bucket = edges[p]
+            if bucket:
+                due += bucket
+                filled += 1
+        if filled > 1:
+            due.sort()  # by rank: each bucket is in running order, the merge is too
+        return due
+
+    def _decode_edges(self, due: list[tuple[int, Request, Any]]) -> bool:
+        """The KV work of a bulk step for the requests that may be at an edge, in running order
+        (each is checked: only those at an edge change): False (nothing changed) when their new
+        blocks do not fit."""
         kv = self.kv
         B = kv.block_size
         caching = kv.enable_caching
         # with KV tiers a filled block is also written through to the CPU tier (own content too),
         # in running order: every request due goes through allocate_slots, as request by request
         count_fills = kv.tiers is None
-        if len(due) > 1:
-            due.sort()  # by rank: running order
-        live, fills, edge, grow, grow_ctx = [], [], [], [], []
-        for entry in due:
-            st = entry[2]
+        fills, edge, grow, grow_ctx = [], [], [], []
+        for _, r, st in due:
+            c = r.num_computed_tokens
             blocks = st.blocks
             if not blocks:
-                continue  # finished (its blocks were freed): it leaves the calendar here
-            live.append(entry)
-            r = entry[1]
-            c = r.num_computed_tokens
+                raise AssertionError(f"{r.id}: in the edge calendar without blocks")
             if c >= len(blocks) * B:
                 grow.append(st)  # needs a block
                 grow_ctx.append(c)
@@ -558,7 +579,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             return False
         if edge:
             if len(grow) == len(edge) and kv.tiers is None and (
-                    not caching or all(st.num_cached_blocks >= st.shared for st in grow)):
+                    not caching or not kv.num_sharing or all(st.num_cached_blocks >= st.shared for st in grow)):
                 # each needs one block and registers nothing but by count: one pop of the free queue
                 # hands out the blocks those allocate_slots calls would, in the same order
                 kv.append_decode_blocks(grow, grow_ctx)
@@ -568,40 +589,22 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
                         raise AssertionError(f"{r.id}: a counted block did not fit")
         for st, full in fills:  # what allocate_slots' fast path does for them
             st.num_cached_blocks = full
-        if reenter:  # their next edges, from the next tick at one more token (an edge is at or past it)
-            self._reenter(live, tick + 1, 1)
         return True
 
-    def _reenter(self, entries: list[tuple[int, Request, Any]], tick: int, ahead: int = 0) -> None:
-        """Enter calendar entries (ranks kept) at their next edge, counted from ``tick``, at
-        which each request's context will be ``ahead`` tokens past its current one: the first
-        context that needs a new block (``len(blocks) * B``) or, with caching, fills the next
-        block to register (``(num_cached_blocks + 1) * B - 1``). Finished requests are dropped."""
-        kv = self.kv
-        B, caching = kv.block_size, kv.enable_caching
-        edges = self._edges
-        base = tick - ahead
-        for entry in entries:
-            st = entry[2]
-            e = len(st.blocks) * B
-            if not e:
-                continue  # finished
-            if caching:
-                f = (st.num_cached_blocks + 1) * B - 1
-                if f < e:
-                    e = f
-            key = base + e - entry[1].num_computed_tokens
-            if key < tick:
-                key = tick
-            bucket = edges.get(key)
-            if bucket is None:
-                edges[key] = [entry]
-            else:
-                bucket.append(entry)
-
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
+        self._reported = True
         if not finished:
             return
+        edges = self._edges
+        if edges is not None:  # they leave the calendar: each from the bucket of its phase
+            B, tick = len(edges), self._tick
+            for r in finished:
+                bucket = edges[(r.num_computed_tokens - tick) % B]
+                i = next((i for i, e in enumerate(bucket) if e[1] is r), None)
+                if i is None:  # not where its phase says: the calendar is rebuilt
+                    self._drop_edges()
+                    break
+                del bucket[i]
         for r in finished:  # batch order, each request's blocks tail first
             self.kv.release(r)
             r.policy_state = None
@@ -658,31 +661,23 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
     # --- pure-decode stretches (Policy.decode_stretch) --------------------------------------
     def advance_decodes(self, batch: list[Request], k: int) -> tuple[list[int], list[int], list[int]]:
         """The KV work of ``k`` pure-decode steps (:class:`PagedDecodeStretch`) for the requests
-        the edge calendar has due inside the stretch (the others cross no block edge there), and
-        the calendar moved ``k`` ticks on: those are entered again at their next edge."""
+        of the calendar's buckets due inside the stretch (the others cross no block edge there),
+        and the calendar's tick moved ``k`` on: every phase stays as it was."""
         edges = self._edges
-        if edges is None or batch is not self.running or k >= self.kv.block_size:
-            # a stretch of a block or more takes nearly every request across an edge: a full scan
-            # here costs less than moving the calendar on (a short one leaves a pending build be)
-            if edges is not None or k >= self.kv.block_size:
+        if edges is None or batch is not self.running:
+            if edges is not None:
                 self._drop_edges()
             return PagedDecodeStretch.advance_decodes(self, batch, k)
         tick = self._tick
-        end = tick + k
-        if k < len(edges):
-            keys = [t for t in range(tick, end) if t in edges]
-        else:
-            keys = [t for t in edges if t < end]
-        due = []
-        for t in keys:
-            due += edges.pop(t)
-        due = [e for e in due if e[2].blocks]  # finished ones (blocks freed) leave
-        due.sort()  # by rank: running order
-        out = PagedDecodeStretch.advance_decodes(self, batch, k, [e[1] for e in due])
-        self._tick = end
-        if due:
-            self._reenter(due, end)
-        return out
+        self._tick = tick + k
+        B = len(edges)
+        # the steps' ticks open blocks; with caching the tick after each also names the phase
+        # that fills one in that step
+        n = k + 1 if self.kv.enable_caching else k
+        if n >= B:  # every phase has an edge inside the stretch: the due list is the batch
+            return PagedDecodeStretch.advance_decodes(self, batch, k)
+        due = self._due([-t % B for t in range(tick, tick + n)])
+        return PagedDecodeStretch.advance_decodes(self, batch, k, [e[1] for e in due])
 
     def decode_stretch(self) -> tuple[list[Request], int] | None:
         """After a step that scheduled every running request and completed each one's tokens,

@@ -269,9 +269,10 @@ class InvariantChecker:
                 if 0 in st.blocks:
                     self._fail(f"{req.id} holds the null block")
                 holders.update(st.blocks)
+            ref_cnt = pool.ref_cnt  # the exact counts (built from the free queue: read once)
             for b in range(1, pool.num_usable + 1):
-                if pool.ref_cnt[b] != holders.get(b, 0):
-                    self._fail(f"block {b}: ref_cnt {pool.ref_cnt[b]} but {holders.get(b, 0)} tables hold it")
+                if ref_cnt[b] != holders.get(b, 0):
+                    self._fail(f"block {b}: ref_cnt {ref_cnt[b]} but {holders.get(b, 0)} tables hold it")
             if pool.num_free != pool.num_usable - len(holders):
                 self._fail(f"{pool.num_free} free + {len(holders)} held != {pool.num_usable} blocks")
         elif isinstance(pol, ReservationPolicy):

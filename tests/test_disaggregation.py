@@ -122,7 +122,8 @@ def test_kv_blocks_are_conserved_across_pools(monkeypatch):
     def unpin(policy, blocks):
         real_unpin(policy, blocks)
         rid = next(k for k, (pol, b) in pinned.items() if pol is policy and b == list(blocks) and k not in unpinned)
-        unpinned[rid] = [policy.kv.pool.ref_cnt[b] for b in blocks]
+        ref_cnt = policy.kv.pool.ref_cnt  # exact counts, built once
+        unpinned[rid] = [ref_cnt[b] for b in blocks]
 
     monkeypatch.setattr(topology, "pin_blocks", pin)
     monkeypatch.setattr(topology, "unpin_blocks", unpin)

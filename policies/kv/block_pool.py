@@ -23,7 +23,10 @@ vLLM's rules (``v1/core/block_pool.py``, ``kv_cache_utils.py::FreeKVCacheBlockQu
 
 The queue always has the shape ``unhashed blocks ++ hashed blocks``: it starts with only
 unhashed blocks, unhashed blocks only ever enter at the front and hashed ones at the back, pops
-take the front, and :meth:`touch` only takes out cached (hashed) blocks. So it is kept as two
+take the front, and :meth:`touch` only takes out cached (hashed) blocks. (A *released* block, the
+content of a finished request that no lookup can name, counts as hashed for the queue; when the
+request's whole table goes back in one piece, :meth:`free_table` places it by position and it
+carries no name at all: see :attr:`BlockPool.num_named`.) So it is kept as two
 parts, each with O(1) operations and no per-block Python object: the unhashed front as a list used
 as a stack (its top is the queue's front), and the hashed back as a list in queue order read from
 a head index, so that popping many blocks is one slice. A cache hit taken out of the back leaves
@@ -31,6 +34,16 @@ its entry behind as *stale*: ``_stale[b]`` counts them. A block's entries are in
 entered, and only its newest can be live, so a pop skips the first ``_stale[b]`` entries of ``b``
 it meets; while nothing is stale (no hits: content nobody shares) a pop is a plain slice.
 A block is just its index.
+
+Reference counts are written only where someone can read them. A count is read for a cache hit
+(a *named* block: one with a content hash or a private tag), for a block held twice or more, and
+for a block given back (one holder less). So :attr:`BlockPool.refs` is exact for named blocks and
+for blocks with two or more holders; an unnamed block held once, or free, reads 0 or 1 there
+(which of the two, no one asks: an unnamed block is never a hit, and one that is given back or
+pinned is held). A block therefore leaves the free queue and goes back to it, in the case that
+dominates a run (content of its own request's, nothing shared), without a per-block write: the
+pool hands out and takes back whole slices. :attr:`BlockPool.ref_cnt` gives the exact counts
+(tests and checks: it reads the free queue).
 """
 
 from __future__ import annotations
@@ -49,6 +62,9 @@ class BlockPool:
     ``enable_caching`` off no block is ever hashed. A negative ``block_hash`` is a *private tag*
     (:mod:`policies.kv.paged`: content only its own request can hit): it places the block in the
     free queue as a hash does, but is in no registry, so evicting it is just clearing it.
+    Whoever names a block outside this class (:mod:`policies.kv.paged` tags them) counts it in
+    :attr:`num_named` and makes its entry in :attr:`refs` exact (1, or what it is when it has
+    two holders or more).
     """
 
     def __init__(self, num_usable: int, enable_caching: bool = False) -> None:
@@ -57,7 +73,8 @@ class BlockPool:
         self.num_usable = num_usable
         self.enable_caching = enable_caching
         n = num_usable + 1
-        self.ref_cnt = [0] * n
+        # exact for named blocks and for blocks held twice or more; 0 or 1 otherwise (module doc)
+        self.refs = [0] * n
         self.block_hash: list[int | None] = [None] * n
         # hash -> {block id: None}, in registration order (a dict is an ordered set)
         self._cached: dict[int, dict[int, None]] = {}
@@ -69,6 +86,20 @@ class BlockPool:
         self._stale = [0] * n  # stale entries of each block in the back queue
         self._num_stale = 0
         self._num_back = 0  # live blocks in the back queue
+        # blocks whose block_hash is not None (a content hash or a private tag): while there are
+        # none, a block popped from the back has nothing to clear (the pop has no per-block pass).
+        # Whoever writes block_hash outside this class counts here.
+        self.num_named = 0
+        # references beyond a block's first (cache hits on blocks in use, a hand-off's pins):
+        # while there are none, every held block has one holder and a request's table is its own
+        self.extra_refs = 0
+
+    @property
+    def ref_cnt(self) -> list[int]:
+        """Every block's exact reference count (O(pool): for tests and checks)."""
+        in_q = set(self.free_queue())
+        return [c if c >= 2 or h is not None or b == NULL_BLOCK else int(b not in in_q)
+                for b, (c, h) in enumerate(zip(self.refs, self.block_hash))]
 
     # --- the free queue ---------------------------------------------------------------------
     @property
@@ -99,14 +130,11 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the front of the free queue, evicting any cached content."""
         front = self._front
-        ref = self.ref_cnt
         if n <= len(front):  # the common case: never-used or unhashed blocks only
             out = front[len(front) - n:]
             out.reverse()
             del front[len(front) - n:]
-            for b in out:
-                ref[b] = 1
-            return out
+            return out  # unnamed and now held once: refs need no write (module doc)
         if n > self.num_free:
             raise ValueError(f"cannot allocate {n} blocks: only {self.num_free} free")
         out = front[::-1]
@@ -132,45 +160,47 @@ class BlockPool:
             head = 0
         self._head = head
         self._num_back -= need
-        for b in out:
-            ref[b] = 1
         out += taken
-        block_hash = self.block_hash
-        if self._cached:
-            for b in taken:  # evict: each popped block loses its content
-                ref[b] = 1
+        if self.num_named:
+            block_hash = self.block_hash
+            cleared = 0
+            for b in taken:  # evict: each popped block loses its content (its exact count was 0)
                 h = block_hash[b]
-                block_hash[b] = None
-                if h > 0:
-                    self._unregister(b, h)
-        else:  # nothing is registered: the back holds private tags only (the Azure replay's case)
-            for b in taken:
-                ref[b] = 1
-                block_hash[b] = None
+                if h is not None:
+                    block_hash[b] = None
+                    cleared += 1
+                    if h > 0:
+                        self._unregister(b, h)
+            self.num_named -= cleared
+        # (no block carries a name: the back holds released blocks only, a Poisson load's case)
         return out
 
     def touch(self, blocks: Iterable[int]) -> None:
-        """Take prefix-cache hits into use: ref count + 1, out of the free queue if they were free."""
-        ref = self.ref_cnt
+        """Take prefix-cache hits into use: ref count + 1, out of the free queue if they were
+        free; or take one more reference on blocks in use (a hand-off's pin). An unnamed block
+        is never a hit: it is one in use."""
+        ref, block_hash = self.refs, self.block_hash
         for b in blocks:
-            if ref[b] == 0:
-                if self.block_hash[b] is not None:
-                    self._stale[b] += 1  # its entry in the back queue is left behind
-                    self._num_stale += 1
-                    self._num_back -= 1
-                else:  # not a cache hit; kept correct all the same
-                    self._front.remove(b)
-            ref[b] += 1
+            c = ref[b]
+            if block_hash[b] is None:  # in use (a pin): once unless it counts two or more
+                if c < 2:
+                    c = 1
+                self.extra_refs += 1
+            elif c == 0:
+                self._stale[b] += 1  # its entry in the back queue is left behind
+                self._num_stale += 1
+                self._num_back -= 1
+            else:
+                self.extra_refs += 1
+            ref[b] = c + 1
 
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Release blocks in the given order (a request's blocks tail first, as vLLM passes them)."""
-        ref = self.ref_cnt
+        ref = self.refs
         if not self.enable_caching:
             # no block is hashed or shared: every block held once goes to the front
             blocks = list(ordered_blocks)
-            if blocks and max(map(ref.__getitem__, blocks)) == 1:
-                for b in blocks:
-                    ref[b] = 0
+            if not self.extra_refs or (blocks and max(map(ref.__getitem__, blocks)) < 2):
                 blocks.reverse()
                 self._front.extend(blocks)
                 return
@@ -179,31 +209,43 @@ class BlockPool:
         to_front = []
         back = self._back
         n_back = len(back)
+        still_held = 0
         for b in ordered_blocks:
-            c = ref[b] - 1
+            c = ref[b]
+            if c < 2 and block_hash[b] is None:
+                c = 1  # unnamed, one holder (module doc)
+            c -= 1
             ref[b] = c
             if c == 0:
                 if block_hash[b] is None:
                     to_front.append(b)
                 else:
                     back.append(b)
+            else:
+                still_held += 1
         self._num_back += len(back) - n_back
+        self.extra_refs -= still_held
         # unhashed blocks go to the front, keeping their given order
         if to_front:
             to_front.reverse()
             self._front.extend(to_front)
 
-    def free_table(self, blocks: list[int], num_hashed: int) -> None:
+    def free_table(self, blocks: list[int], num_hashed: int, num_named: int | None = None) -> None:
         """``free_blocks(reversed(blocks))`` for a block table whose first ``num_hashed`` blocks
         hold content and the rest none (what a request's table is): when the request is each
         block's only holder (nothing shared or pinned) every block reaches 0, the unhashed tail
-        goes to the front and the hashed head to the back, tail first, as two list operations."""
-        ref = self.ref_cnt
-        if max(map(ref.__getitem__, blocks)) != 1:
+        goes to the front and the hashed head to the back, tail first, as two list operations.
+        The head goes to the back whatever its blocks' names (a released block has none).
+        ``num_named``: no block past the first ``num_named`` is named (their counts need no
+        write; default ``num_hashed``)."""
+        ref = self.refs
+        if self.extra_refs and max(map(ref.__getitem__, blocks)) >= 2:
             self.free_blocks(reversed(blocks))
             return
-        for b in blocks:
-            ref[b] = 0
+        if num_named is None:
+            num_named = num_hashed
+        for i in range(num_named):
+            ref[blocks[i]] = 0
         if num_hashed < len(blocks):
             self._front.extend(blocks[num_hashed:])  # to_front reversed twice: table order
         if num_hashed:
@@ -223,6 +265,9 @@ class BlockPool:
         if self.block_hash[b] is not None:
             raise ValueError(f"block {b} is already cached")
         self.block_hash[b] = block_hash
+        self.num_named += 1
+        if self.refs[b] < 2:
+            self.refs[b] = 1  # a named block's count is exact: it is in use, once
         copies = self._cached.get(block_hash)
         if copies is None:
             self._cached[block_hash] = {b: None}
@@ -246,13 +291,19 @@ class BlockPool:
         queue = self.free_queue()
         assert len(queue) == self.num_free, "queue length and counter disagree"
         assert all(self.block_hash[b] is None for b in self._front), "a hashed block in the unhashed front"
-        assert all(self.block_hash[b] is not None for b in self._live_back()), "an unhashed block in the hashed back"
+        # (a block of the back may carry no name: a released one, placed there by free_table)
+        assert self.num_named == sum(h is not None for h in self.block_hash), "named blocks miscounted"
+        ref_cnt = self.ref_cnt
+        assert self.extra_refs == sum(max(c - 1, 0) for c in ref_cnt), "extra references miscounted"
+        # named blocks and blocks counted twice or more read their exact count (checked against the
+        # queue below); the others read 0 or 1
+        assert all(c >= 0 for c in self.refs), "a negative reference count"
         assert self._num_stale == sum(self._stale), "stale counts disagree"
         assert NULL_BLOCK not in queue, "the null block is in the free queue"
         in_q = set(queue)
         assert len(in_q) == len(queue), "a block is in the free queue twice"
         for b in range(1, self.num_usable + 1):
-            assert (self.ref_cnt[b] == 0) == (b in in_q), f"block {b}: ref_cnt {self.ref_cnt[b]} vs queue"
+            assert (ref_cnt[b] == 0) == (b in in_q), f"block {b}: ref_cnt {ref_cnt[b]} vs queue"
             h = self.block_hash[b]
             if h is not None and h > 0:
                 assert b in self._cached.get(h, ()), f"block {b} hashed but not registered"

@@ -27,7 +27,9 @@ vLLM registers them. When the request frees them, each gets a *private tag* in t
 (``BlockPool.block_hash``: a negative number naming the request and the block's index, or
 ``RELEASED_TAG`` once the request has finished and no lookup can name it again), which is
 all the free queue reads (a registered block goes to its back, where eviction finds it in LRU
-order), and a preempted request keeps, per block index, the blocks that held that content in the
+order). A finished request's table that goes back in one piece (no block of it held twice:
+``BlockPool.extra_refs`` is 0) needs no tags at all: ``BlockPool.free_table`` puts its registered
+head at the back by position, and nothing ever reads a released block's name. A preempted request keeps, per block index, the blocks that held that content in the
 order they were registered (vLLM's registry order for that hash). A lookup of an own block takes
 the first of them whose tag is still in place (not evicted since). Every decision (hits, the free
 queue's order, evictions) is the one full hashing gives; what is saved is the hashing, the
@@ -88,6 +90,9 @@ class PagedKVManager:
         self._reqs: dict[Request, _ReqKV] = {}
         self._held_blocks = 0  # sum of block-table lengths (a shared block counts once per holder)
         self._tags = 0  # requests given private tags so far
+        # request states with leading blocks another request may hold (shared > 0): while there
+        # are none, every block still to fill is its request's own (nothing to check per request)
+        self.num_sharing = 0
         self.tiers: TierStore | None = None  # KV offloading below the GPU (policies.kv.tiers)
 
     # --- what the policy reads -------------------------------------------------------------
@@ -120,7 +125,10 @@ class PagedKVManager:
 
     def _new_state(self, req: Request) -> _ReqKV:
         own = req.shareable_tokens
-        return _ReqKV(_ALL if own is None else own // self.block_size)
+        st = _ReqKV(_ALL if own is None else own // self.block_size)
+        if st.shared:
+            self.num_sharing += 1
+        return st
 
     def _hashes(self, req: Request, st: _ReqKV) -> RequestBlockHashes:
         if st.hashes is None:
@@ -183,7 +191,7 @@ class PagedKVManager:
         required = -(-num_tokens // self.block_size)
         new = max(required - len(new_computed_blocks) - len(st.blocks), 0)
         if new_computed_blocks:
-            ref = self.pool.ref_cnt
+            ref = self.pool.refs  # hits are named blocks: their counts are exact
             new += sum(1 for b in new_computed_blocks if ref[b] == 0)
         return new
 
@@ -281,8 +289,11 @@ class PagedKVManager:
         if st.num_cached_blocks > st.shared:
             self._tag_own(st, _keep_own)
         if self.enable_caching:
-            # blocks [0, num_cached) hold content (hashed or tagged), the rest none
-            self.pool.free_table(st.blocks, st.num_cached_blocks)
+            # blocks [0, num_cached) hold content (hashed or tagged), the rest none; own blocks
+            # carry a name only if the request was ever tagged or they were just tagged released
+            pool, n_cached = self.pool, st.num_cached_blocks
+            named = n_cached if st.tag or pool.extra_refs else min(st.shared, n_cached)
+            pool.free_table(st.blocks, n_cached, named)
         else:
             self.pool.free_blocks(reversed(st.blocks))
         self._held_blocks -= len(st.blocks)
@@ -293,13 +304,22 @@ class PagedKVManager:
         """Give the request's registered own blocks their private tags before they are freed
         (a tagged block goes to the back of the free queue, as a hashed one does); when it may
         come back (``keep``), remember them per index in vLLM's registry order for that hash."""
-        bh, blocks = self.pool.block_hash, st.blocks
+        pool = self.pool
+        bh, blocks = pool.block_hash, st.blocks
         lo, hi = st.shared, st.num_cached_blocks
         if not keep:
             # released: no lookup will ever name this request again, so its blocks need only be
-            # "hashed" for the free queue (not None) and in no registry (not positive)
-            for b in blocks[lo:hi]:
-                bh[b] = RELEASED_TAG
+            # "hashed" for the free queue (not None) and in no registry (not positive); with no
+            # block held twice free_table places the whole table by position and reads no name
+            if pool.extra_refs:
+                named, refs = 0, pool.refs
+                for b in blocks[lo:hi]:
+                    if bh[b] is None:
+                        named += 1
+                        if refs[b] < 2:
+                            refs[b] = 1  # named: its count is exact (block_pool's module doc)
+                    bh[b] = RELEASED_TAG
+                pool.num_named += named
             return
         if not st.tag:
             self._tags += 1
@@ -314,7 +334,9 @@ class PagedKVManager:
             copies = own.get(i)
             # evicted copies left vLLM's registry; this block joins it last
             own[i] = [c for c in copies if bh[c] == t] + [b] if copies else [b]
-            bh[b] = t
+            bh[b] = t  # a block of its own it computed: it had no name, and one holder
+            pool.num_named += 1
+            pool.refs[b] = 1
 
     # --- pure-decode stretches (Policy.decode_stretch) ----------------------------------------
     # In a pure-decode step every request of the batch asks allocate_slots for one more slot: a
@@ -357,10 +379,15 @@ class PagedKVManager:
         Returns per step the blocks used, the token slots held, and the stored tokens counted
         from ``stored0`` (the policy's own count before the stretch; each step adds one a request)."""
         used0, held0 = self.num_used_blocks, self.held_token_slots
-        allocated = self.advance_decodes(batch, k, edged)
-        for r in batch:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
+        if edged is None and not (self.enable_caching and self.num_sharing):
+            # every block still to fill is its request's own: the block work and the counters in
+            # one pass over the batch
+            allocated = self._advance_own(batch, None, k, self.enable_caching, advance=True)
+        else:
+            allocated = self.advance_decodes(batch, k, edged)
+            for r in batch:
+                r.num_computed_tokens += k
+                r.num_output_tokens += k
         b, B = len(batch), self.block_size
         totals = list(accumulate(allocated))  # blocks allocated by the end of each step
         used = [used0 + t for t in totals]
@@ -382,7 +409,7 @@ class PagedKVManager:
         reqs = self._reqs
         caching = self.enable_caching
         sts = [reqs[r] for r in batch]
-        if not caching or all(st.num_cached_blocks >= st.shared for st in sts):
+        if not caching or not self.num_sharing or all(st.num_cached_blocks >= st.shared for st in sts):
             return self._advance_own(batch, sts, k, caching)
         events: list[tuple[int, int]] = []
         for i, r in enumerate(batch):
@@ -416,21 +443,28 @@ class PagedKVManager:
             allocated[j - 1] += len(new)
         return allocated
 
-    def _advance_own(self, batch: list[Request], sts: list[_ReqKV], k: int, caching: bool) -> list[int]:
+    def _advance_own(self, batch: list[Request], sts: list[_ReqKV] | None, k: int, caching: bool,
+                     advance: bool = False) -> list[int]:
         """:meth:`advance_decodes` when every block still to fill is its request's own (or
         nothing is cached): registering one is a count, which ends at the last step's context
         (written through to the CPU tier as step by step: own blocks only), and what remains are
         allocations, each of one block with nothing freed in between, so popping them all at once
         hands out (and evicts) the same blocks in the same order. Events are sorted as
-        ``step * len(batch) + index``: (step, batch) order."""
+        ``step * len(batch) + index``: (step, batch) order. ``sts``: the requests' states (None:
+        looked up); ``advance``: move each request's counters ``k`` on in the same pass."""
         B = self.block_size
         tiers = self.tiers if caching else None
+        reqs = self._reqs
         n = len(batch)
         keys = []
         for i in range(n):
-            st = sts[i]
-            c = batch[i].num_computed_tokens
+            r = batch[i]
+            st = reqs[r] if sts is None else sts[i]
+            c = r.num_computed_tokens
             end = c + k
+            if advance:
+                r.num_computed_tokens = end
+                r.num_output_tokens += k
             if caching:
                 full = end // B
                 if full > st.num_cached_blocks:
@@ -450,7 +484,7 @@ class PagedKVManager:
         new = self.pool.get_new_blocks(len(keys))
         for key, block in zip(keys, new):
             j, i = divmod(key, n)
-            sts[i].blocks.append(block)
+            (reqs[batch[i]] if sts is None else sts[i]).blocks.append(block)
             allocated[j - 1] += 1
         self._held_blocks += len(new)
         return allocated
@@ -473,7 +507,9 @@ class PagedKVManager:
     def release(self, req: Request) -> None:
         """Free the request's blocks and forget it (finished or rejected: it will not come back)."""
         self.free(req, _keep_own=False)
-        self._reqs.pop(req, None)
+        st = self._reqs.pop(req, None)
+        if st is not None and st.shared:
+            self.num_sharing -= 1
 
 
 class PagedDecodeStretch:

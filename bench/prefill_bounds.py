@@ -27,6 +27,15 @@ their experts are priced by ``kernel_db_moe``).
 
     .venv/bin/python bench/prefill_bounds.py --only h100_sxm --only _c8_ --only 1024x128
     .venv/bin/python bench/prefill_bounds.py --only h100_sxm_vllm --only llama_3_1_70b --lowest --ops
+    .venv/bin/python bench/prefill_bounds.py --left /tmp/corpus/*.json [--clients 8]
+
+``--left REPORT.json ...`` reads ``bench/silicon_accuracy.py --phase opening --json`` reports instead
+and prints what the opening-wave model leaves of each row's TTFT (measured − simulated), by group,
+layout and prompt length at one client count (default: each group's lowest), one column per output
+length: a term of the prefill clock is the same at every output length and scales with the
+prompt's work; a closed loop in which fewer requests run than clients send (``M`` slots for ``N``
+clients, each request waiting ``(N / M − 1) × E2E``) grows with the output, at ``d left / d OSL =
+(N / M − 1) × TPOT``, so each line also prints the slope and the ``M`` it implies.
 """
 
 from __future__ import annotations
@@ -142,14 +151,114 @@ def lowest(rows):
     return [r for r in rows if r.concurrency == least[r.group]]
 
 
+def left_over(reports: list[Path]) -> list[dict]:
+    """Each ``--phase opening`` report row's measured and simulated TTFT with its lengths and clients
+    (from the corpus CSV, by id)."""
+    import json
+
+    import bench.silicon_accuracy as sa
+    from sim.errors import CbsimError
+
+    meta = {r.id: r for r in sa.read_rows()}
+    out = []
+    for path in reports:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        if report.get("phase") != "opening":
+            raise CbsimError(f"{path}: --left needs a `--phase opening` report of bench/silicon_accuracy.py, "
+                             f"this one is --phase {report.get('phase')!r}")
+        for r in report["rows"]:
+            if r.get("error") or r["id"] not in meta:
+                continue
+            m, ex = meta[r["id"]], r.get("extra") or {}
+            steady = (ex.get("random_steady") or {}).get("ttft_ms")
+            # the most a phase model gives: every round a wave (the opening round, or the later ones kept)
+            waves = [(ex.get(k) or {}).get("ttft_ms") for k in ("first_round", "warm_steady")]
+            waves = [w for w in waves if w is not None]
+            where = None
+            if steady is not None and waves:
+                real = r["ttft_ms"]
+                where = "below" if real < steady else "inside" if real <= max(waves) else "above"
+            out.append({"group": r["group"], "layout": r.get("layout", f"tp{m.tp}"), "isl": m.isl, "osl": m.osl,
+                        "clients": m.concurrency, "left_ms": r["ttft_ms"] - r["sim_ttft_ms"],
+                        "tpot_ms": r["tpot_ms"], "where": where})
+    return out
+
+
+def slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of ys over xs; None for fewer than two distinct xs."""
+    if len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def left_lines(rows: list[dict], clients: int | None) -> list[dict]:
+    """:func:`left_over`'s rows at ``clients`` (None: each group's lowest), one line per group, layout,
+    prompt length and clients: the median left per output length, its slope over the output length
+    (ms per token), the median measured TPOT, the running slots ``M`` that slope implies (None under
+    1 % of a TPOT per token: noise, not a queue), and how many rows lie below / inside / above the
+    phase models' range."""
+    if clients is None:
+        least = defaultdict(lambda: 1 << 30)
+        for r in rows:
+            least[r["group"]] = min(least[r["group"]], r["clients"])
+        rows = [r for r in rows if r["clients"] == least[r["group"]]]
+    else:
+        rows = [r for r in rows if r["clients"] == clients]
+    lines = defaultdict(list)
+    for r in rows:
+        lines[(r["group"], r["layout"], r["isl"], r["clients"])].append(r)
+    out = []
+    for (group, layout, isl, n), rs in sorted(lines.items()):
+        by = defaultdict(list)
+        for r in rs:
+            by[r["osl"]].append(r["left_ms"])
+        osls = sorted(by)
+        left = [sorted(by[o])[len(by[o]) // 2] for o in osls]
+        tpot = sorted(x["tpot_ms"] for x in rs)[len(rs) // 2]
+        k = slope([float(o) for o in osls], left)
+        slots = n / (1 + k / tpot) if k is not None and k > 0.01 * tpot else None
+        where = tuple(sum(r["where"] == w for r in rs) for w in ("below", "inside", "above"))
+        out.append({"group": group, "layout": layout, "isl": isl, "clients": n, "left": dict(zip(osls, left)),
+                    "slope": k, "tpot": tpot, "slots": slots, "where": where})
+    return out
+
+
+def print_left(reports: list[Path], clients: int | None) -> int:
+    lines = left_lines(left_over(reports), clients)
+    if not lines:
+        print("no rows at that client count")
+        return 1
+    print(f"{'group (GPU engine model)':48s} {'layout':8s} {'ISL':>5s} {'N':>4s}   left ms by OSL"
+          f"{'':26s} {'us/tok':>7s} {'dOSL us':>7s} {'TPOT':>5s} {'M':>6s}  below/inside/above")
+    for ln in lines:
+        cells = " ".join(f"{o}:{v:.0f}" for o, v in ln["left"].items())
+        grow = "" if ln["slope"] is None else f"{ln['slope'] * 1e3:7.0f}"
+        slots = f"{'-':>6s}" if ln["slots"] is None else f"{ln['slots']:6.1f}"
+        per_tok = min(ln["left"].values()) / ln["isl"] * 1e3
+        print(f"{ln['group'][:48]:48s} {ln['layout']:8s} {ln['isl']:5d} {ln['clients']:4d}   {cells:40s} "
+              f"{per_tok:7.0f} {grow:>7s} {ln['tpot']:5.1f} {slots}  {'/'.join(map(str, ln['where']))}")
+    print("\nleft: measured - simulated (`--phase opening`) mean TTFT, ms, median per output length; us/tok: the "
+          "least of them per prompt token;\ndOSL us: its growth per output token (us); M: the running slots "
+          "a closed loop of N clients would need for that growth, N / (1 + dOSL / TPOT);\n"
+          "below/inside/above: rows whose measured TTFT is below the diffused steady state (`random`), inside "
+          "[steady, every round a wave], or above any phase model")
+    return 0
+
+
 def main(argv=None) -> int:
     import bench.silicon_accuracy as sa
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--left", nargs="+", type=Path, default=None, metavar="REPORT.json",
+                    help="print what `--phase opening` reports leave of each row's TTFT, by output length")
+    ap.add_argument("--clients", type=int, default=None, help="with --left: this client count (default: lowest)")
     ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
     ap.add_argument("--lowest", action="store_true", help="only each group's rows at its lowest concurrency")
     ap.add_argument("--ops", action="store_true", help="also print every operator's table and floor times")
     args = ap.parse_args(argv)
+    if args.left:
+        return print_left(args.left, args.clients)
     rows = sa.select(sa.read_rows(), args.only)
     sa.classify(rows)
     priced = [r for r in rows if not r.skip and not r.moe_path]

@@ -71,3 +71,41 @@ def test_the_bench_divides_the_tables_own_lone_prompt_step_and_none_is_below_its
     ratios = {op: t / f for op, (t, f) in got.items() if f > 0}
     assert {"qkv_gemm", "gate_ffn1_gemm", "attention", "ar_1", "add_norm_1", "logits_gemm"} <= set(ratios)
     assert min(ratios.values()) >= 1.0, ratios
+
+
+def _line(group, osl, left_ms, tpot_ms=8.0, clients=8, where="inside"):
+    return {"group": group, "layout": "tp1", "isl": 1024, "osl": osl, "clients": clients, "left_ms": left_ms,
+            "tpot_ms": tpot_ms, "where": where}
+
+
+def test_a_queue_of_m_slots_is_read_back_from_the_growth_with_the_output():
+    """A closed loop of N clients with M running slots waits (N / M - 1) x E2E: a left that grows by
+    (N / M - 1) x TPOT per output token gives M back; one that is flat in the output gives none."""
+    from bench.prefill_bounds import left_lines
+
+    n, m, tpot = 8, 6, 8.0
+    queue = [_line("q", o, 40.0 + (n / m - 1) * tpot * o, tpot) for o in (128, 256, 512)]
+    flat = [_line("f", o, 50.0, tpot, where="above") for o in (128, 256, 512)]
+    lines = {ln["group"]: ln for ln in left_lines(queue + flat, None)}
+    assert lines["q"]["slots"] == pytest.approx(m, rel=1e-9)
+    assert lines["q"]["slope"] == pytest.approx((n / m - 1) * tpot, rel=1e-9)
+    assert lines["f"]["slots"] is None and lines["f"]["where"] == (0, 0, 3)
+
+
+def test_left_keeps_each_groups_lowest_client_count_or_the_one_asked():
+    from bench.prefill_bounds import left_lines
+
+    rows = [_line("g", 128, 10.0, clients=8), _line("g", 128, 99.0, clients=16), _line("h", 128, 5.0, clients=4)]
+    assert {(ln["group"], ln["clients"]) for ln in left_lines(rows, None)} == {("g", 8), ("h", 4)}
+    assert [ln["left"] for ln in left_lines(rows, 16)] == [{128: 99.0}]
+
+
+def test_left_refuses_a_report_of_another_phase(tmp_path):
+    import json
+
+    from bench.prefill_bounds import left_over
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"phase": "random", "rows": []}))
+    with pytest.raises(CbsimError, match="--phase opening"):
+        left_over([path])

@@ -109,3 +109,17 @@ def test_left_refuses_a_report_of_another_phase(tmp_path):
     path.write_text(json.dumps({"phase": "random", "rows": []}))
     with pytest.raises(CbsimError, match="--phase opening"):
         left_over([path])
+
+
+def test_slots_short_runs_k_requests_fewer_than_the_clients():
+    """bench/silicon_accuracy.py --slots-short K: the sensitivity the TensorRT-LLM 8B rows' queue asks
+    for sets the engine's running limit to clients - K (never below one), and nothing without it."""
+    from bench.silicon_accuracy import Row, scenario_of
+
+    row = Row(id="r", engine="trtllm", version="", model="m", system="h100_sxm", precision="", tp=1, isl=1024,
+              osl=128, concurrency=8, ttft_ms=1.0, tpot_ms=1.0, gpu="h100-sxm", config="c", policy="trtllm")
+    assert "max_num_seqs" not in scenario_of(row, "t", 4)["engine"]
+    row.slots_short = 1
+    assert scenario_of(row, "t", 4)["engine"]["max_num_seqs"] == 7
+    row.slots_short = 20
+    assert scenario_of(row, "t", 4)["engine"]["max_num_seqs"] == 1

@@ -199,6 +199,7 @@ class Row:
     moe_path: bool = False  # composed by calib.sources.kernel_db_moe (MLA, 4-bit experts, DP or EP)
     mla: bool = False  # multi-head latent attention (FlashMLA's 64-token blocks)
     mtp: bool = False  # --mtp: this row runs speculative.method mtp (a sensitivity)
+    slots_short: int = 0  # --slots-short: the engine runs at most clients - this many requests (a sensitivity)
 
     @property
     def table_key(self) -> tuple:
@@ -516,6 +517,12 @@ def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec
         # off), so the runs cannot have used it; the corpus does not record what they set. Rows whose
         # prompt and clients fit 8192 keep the default.
         sc["engine"]["max_num_batched_tokens"] = max(8192, row.isl + row.concurrency)
+    if row.slots_short:
+        # --slots-short K: a closed loop whose engine runs K requests fewer than it has clients, each
+        # request waiting (N / (N - K) - 1) x E2E; what the TensorRT-LLM Llama-3.1-8B rows' TTFT growth
+        # with the output length implies for K = 1 (bench/prefill_bounds.py --left). Never the default:
+        # the corpus does not record the server's max_batch_size or the client's connections.
+        sc["engine"]["max_num_seqs"] = max(1, row.concurrency - row.slots_short)
     return sc
 
 
@@ -945,6 +952,9 @@ def main(argv=None) -> int:
                     help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
                          "speculative.method mtp with K drafts accepted at RATE, the drafter on the MTP "
                          "layer's own kernel-db table (the corpus does not say which rows ran MTP)")
+    ap.add_argument("--slots-short", type=int, default=0, metavar="K",
+                    help="a sensitivity: every row's engine runs at most clients - K requests (engine.max_num_seqs); "
+                         "K = 1 is what the TensorRT-LLM Llama-3.1-8B rows' TTFT growth with the output implies")
     ap.add_argument("--resume", action="store_true",
                     help="with --json: take the rows an earlier run of the same code and settings wrote there "
                          "(finished, or its OUT.partial after a crash) instead of simulating them again")
@@ -953,6 +963,8 @@ def main(argv=None) -> int:
                     help="a kernel-db table folder whose metadata.json gets its GPU's corpus error (repeatable)")
     ap.add_argument("--from-json", type=Path, default=None, help="stamp from a report --json wrote, without a run")
     args = ap.parse_args(argv)
+    if args.slots_short < 0:
+        raise SystemExit(f"--slots-short must be 0 or more, got {args.slots_short}")
     if args.resume and args.json is None:
         raise SystemExit("--resume takes the rows of an earlier --json report: give that --json OUT.json too")
     if args.from_json is not None:
@@ -967,6 +979,8 @@ def main(argv=None) -> int:
     rows = select(read_rows(), args.only)
     classify(rows, args.allreduce)
     priced = [r for r in rows if not r.skip]
+    for r in priced:
+        r.slots_short = args.slots_short
     spec = mtp_section(args.mtp)
     if spec is not None:
         for r in priced:
@@ -985,6 +999,8 @@ def main(argv=None) -> int:
         priced = [r for r in priced if not r.skip]
         phases = [args.phase] + [p for p in (PHASES if args.compare_phases else ()) if p != args.phase]
         settings = {"rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "phases": phases, "mtp": args.mtp}
+        if args.slots_short:
+            settings["slots_short"] = args.slots_short
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)
@@ -1008,7 +1024,7 @@ def main(argv=None) -> int:
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(new)} rows simulated ({cpu:.0f} s CPU), {wall:.0f} s "
           f"wall on {args.workers} workers" + (f", {len(results) - len(new)} resumed" if done else ""))
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
-              "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp,
+              "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp, "slots_short": args.slots_short,
               "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),

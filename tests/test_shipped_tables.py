@@ -125,3 +125,19 @@ def test_the_shipped_table_is_what_its_recorded_command_builds(name, tmp_path, m
     diffs = table_differences(committed, tmp_path / "calib" / "tables" / name)
     assert not diffs, (f"{name} is not what its command builds ({len(diffs)} differences; rebuild it from the "
                        f"repository root with: {meta['provenance']['command']}):\n" + "\n".join(diffs[:20]))
+
+
+def test_the_recorded_command_keeps_every_option_given_and_drops_the_defaults():
+    from sim.cli.calibrate import kernel_db_command
+
+    common = dict(tp=1, dtype=None, engine="vllm", engine_version=None, block_size=16, limits={}, data_parallel=1,
+                  expert_parallel=False, draft=None, draft_vocab_size=None, allreduce="custom")
+    assert kernel_db_command(Path("t"), model="llama-3-8b", gpu="h200", **common) == (
+        "cbsim calibrate --from-kernel-db --gpu h200 --model llama-3-8b --out t")
+    cmd = kernel_db_command(Path("my tables/ds"), model="deepseek-ai/DeepSeek-V3", gpu="h200",
+                            **{**common, "tp": 1, "data_parallel": 8, "expert_parallel": True, "dtype": "fp8",
+                               "engine": "sglang", "block_size": 64, "limits": {"max_num_seqs": 256}})
+    assert shlex.split(cmd) == ["cbsim", "calibrate", "--from-kernel-db", "--gpu", "h200", "--model",
+                                "deepseek-ai/DeepSeek-V3", "--data-parallel", "8", "--dtype", "fp8", "--engine",
+                                "sglang", "--block-size", "64", "--max-num-seqs", "256", "--expert-parallel",
+                                "--out", "my tables/ds"]

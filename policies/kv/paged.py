@@ -489,6 +489,52 @@ class PagedKVManager:
         self._held_blocks += len(new)
         return allocated
 
+    def advance_own_entries(self, entries: list, k: int, num_ranks: int, batch: list[Request],
+                            every: bool, stored0: int) -> tuple[list[int], list[int], list[int]]:
+        """:meth:`advance_decode_stretch` when every block still to fill is its request's own and
+        there are no KV tiers, for the entries ``(rank, request, state)`` of an edge calendar that
+        may reach a block edge within the ``k`` steps (ranks below ``num_ranks``, ordered as the
+        batch is; any order in ``entries``): their block work as :meth:`_advance_own` does it
+        (new blocks popped at once in (step, rank) order, registration by count), and every
+        request of ``batch`` ``k`` on (in the same pass when ``every``: the entries are the whole
+        batch)."""
+        B = self.block_size
+        caching = self.enable_caching
+        used0, held0 = self.pool.num_used, self._held_blocks * B
+        keys = []
+        advance = every
+        for rank, r, st in entries:
+            c = r.num_computed_tokens
+            end = c + k
+            if advance:
+                r.num_computed_tokens = end
+                r.num_output_tokens += k
+            if caching and end // B > st.num_cached_blocks:
+                st.num_cached_blocks = end // B
+            # block m (m >= len(blocks)) is first written at position m * B: step m * B - c + 1
+            m = len(st.blocks)
+            while m * B < end:
+                keys.append(((m * B - c + 1) * num_ranks + rank, st))
+                m += 1
+        if not advance:
+            for r in batch:
+                r.num_computed_tokens += k
+                r.num_output_tokens += k
+        b = len(batch)
+        stored = list(range(stored0 + b, stored0 + b * k + 1, b)) if b else [stored0] * k
+        if not keys:
+            return [used0] * k, [held0] * k, stored
+        if len(keys) > 1:
+            keys.sort()
+        new = self.pool.get_new_blocks(len(keys))
+        allocated = [0] * k
+        for (key, st), block in zip(keys, new):
+            st.blocks.append(block)
+            allocated[key // num_ranks - 1] += 1
+        self._held_blocks += len(new)
+        totals = list(accumulate(allocated))  # blocks allocated by the end of each step
+        return [used0 + t for t in totals], [held0 + t * B for t in totals], stored
+
     def append_decode_blocks(self, states: list[_ReqKV], contexts: list[int]) -> None:
         """``allocate_slots(r, 1)`` for decodes at the end of their block tables (context a
         multiple of the block size, one past the table) whose remaining blocks are all their own

@@ -679,19 +679,16 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         # the steps' ticks open blocks; with caching the tick after each also names the phase
         # that fills one in that step
         n = k + 1 if kv.enable_caching else k
-        if kv.tiers is None and not (kv.enable_caching and kv.num_sharing):
-            # every block still to fill is its request's own: the calendar's entries carry the
-            # states and the running order (their ranks), so one pass does the block work
-            stored0 = self._stored_tokens
-            self._stored_tokens = stored0 + len(batch) * k
-            if n >= B:  # every phase has an edge inside the stretch: every entry is due
-                return kv.advance_own_entries([e for bucket in edges for e in bucket], k, self._ranks,
-                                              batch, True, stored0)
-            phases = {-t % B for t in range(tick, tick + n)}
-            return kv.advance_own_entries([e for p in phases for e in edges[p]], k, self._ranks,
-                                          batch, False, stored0)
         if n >= B:  # every phase has an edge inside the stretch: the due list is the batch
             return PagedDecodeStretch.advance_decodes(self, batch, k)
+        if kv.tiers is None and not (kv.enable_caching and kv.num_sharing):
+            # every block still to fill is its request's own: the due buckets' entries carry the
+            # states and the running order (their ranks), handed over as they are (the phases
+            # of the n < B ticks are distinct)
+            stored0 = self._stored_tokens
+            self._stored_tokens = stored0 + len(batch) * k
+            return kv.advance_own_entries([edges[-t % B] for t in range(tick, tick + n)], k, self._ranks,
+                                          batch, stored0)
         due = self._due([-t % B for t in range(tick, tick + n)])
         return PagedDecodeStretch.advance_decodes(self, batch, k, [e[1] for e in due])
 

@@ -332,7 +332,7 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
                     raise ValueError(f"trtllm {key} must be >= 0 when attention_dp_enable_balance is on, "
                                      f"got {k[key]}")
         self._proposed: tuple[StepPlan, list, list] | None = None  # propose(): the scheduler's output
-        # the overlap scheduler (OverlapFetch): requests not yet fetched, with the step they may enter
+        # the overlap scheduler (module doc, item 5): requests not yet fetched, with the step they may enter
         self.overlap = not bool(k["disable_overlap_scheduler"])
         self._steps = 0  # steps scheduled so far (non-empty plans)
         self._in_flight = False  # a scheduled step has not finished yet

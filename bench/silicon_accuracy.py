@@ -200,6 +200,9 @@ class Row:
     mla: bool = False  # multi-head latent attention (FlashMLA's 64-token blocks)
     mtp: bool = False  # --mtp: this row runs speculative.method mtp (a sensitivity)
     slots_short: int = 0  # --slots-short: the engine runs at most clients - this many requests (a sensitivity)
+    source: str = ""  # the corpus' silicon_data_source (which collection, and its tool)
+    aic_config: bool = False  # --aic-config: AIConfigurator's generated TensorRT-LLM config (below)
+    no_overlap: bool = False  # --no-overlap: TensorRT-LLM rows with disable_overlap_scheduler (a sensitivity)
 
     @property
     def table_key(self) -> tuple:
@@ -261,7 +264,8 @@ def _row(r) -> Row:
     row = Row(id=r.id, engine=r.backend, version=_text(r.backend_version), model=r.model_path, system=r.system,
               precision=precision, tp=int(_num(r.tp_size, 0) or 0), isl=int(r.isl), osl=int(r.osl),
               concurrency=_concurrency(r), ttft_ms=float(r.silicon_ttft_ms),
-              tpot_ms=float(r.silicon_tpot_ms), gemm_quant=_text(r.gemm_quant_mode))
+              tpot_ms=float(r.silicon_tpot_ms), gemm_quant=_text(r.gemm_quant_mode),
+              source=_text(getattr(r, "silicon_data_source", "")))
     row.skip = _layout_skip(r, row)
     return row
 
@@ -510,6 +514,32 @@ TRTLLM_ADP_BALANCE = {"attention_dp_enable_balance": True, "attention_dp_timeout
                       "attention_dp_batching_wait_iters": 0}
 
 
+# AIConfigurator's own TensorRT-LLM config for an aggregated worker, which its gap analysis
+# (`aic-auto-gap-analysis`, the H100 Qwen3-32B and Llama-3.1-8B TensorRT-LLM rows) serves each point
+# with: `aiconfigurator eval` renders `generator/config/backend_templates/trtllm/
+# extra_engine_args.<version>.yaml.j2` through `generator/rule_plugin/trtllm.rule`
+# (ai-dynamo/aiconfigurator; tools/automation/launch_eval.sh runs it). The rule sets, for `agg`:
+# max_batch_size 512 below 512 (else twice it), max_num_tokens = max_batch_size + ISL + 1500
+# rounded up to tokens_per_block (32), disable_overlap_scheduler false, CUDA graphs with padding;
+# the 1.0.0rc3 template has enable_chunked_prefill false and kv_cache_config.enable_block_reuse
+# false by default, and launch_eval.sh passes FREE_GPU_MEM_FRAC 0.7 as the agg worker's
+# kv_cache_config.free_gpu_memory_fraction. docs/trtllm.md ("The corpus' server config") has the
+# measurement; --aic-config applies it (a sensitivity: the CSV records the client's concurrency as
+# batch_size, not the rendered file).
+AIC_GAP_SOURCE = "aic-auto-gap-analysis"
+AIC_TRTLLM_POLICY = {"enable_block_reuse": False, "enable_chunked_prefill": False,
+                     "free_gpu_memory_fraction": 0.7}
+
+
+def aic_trtllm_engine(row: Row, tokens_per_block: int = 32) -> dict:
+    """``max_num_seqs`` / ``max_num_batched_tokens`` of AIConfigurator's agg rule for ``row``:
+    max_batch_size = 512 if batch_size < 512 else 2 x batch_size (batch_size: the corpus' clients),
+    max_num_tokens = max_batch_size + ISL + 1500 rounded up to ``tokens_per_block``."""
+    mbs = 512 if row.concurrency < 512 else 2 * row.concurrency
+    tokens = -(-(mbs + row.isl + 1500) // tokens_per_block) * tokens_per_block
+    return {"max_num_seqs": mbs, "max_num_batched_tokens": tokens}
+
+
 def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec: dict | None = None) -> dict:
     sc = _scenario(row, table, rounds, send_gap_s)
     if spec is not None:  # --mtp: a sensitivity, never the row's own result (the corpus does not say MTP)
@@ -531,6 +561,11 @@ def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec
         sc["engine"]["max_num_batched_tokens"] = max(8192, row.isl + row.concurrency)
         if row.data_parallel > 1:
             sc["policies"][0].update(TRTLLM_ADP_BALANCE)
+    if row.aic_config and row.engine == "trtllm" and AIC_GAP_SOURCE in row.source:
+        sc["engine"].update(aic_trtllm_engine(row))
+        sc["policies"][0].update(AIC_TRTLLM_POLICY)
+    if row.no_overlap and row.engine == "trtllm":
+        sc["policies"][0]["disable_overlap_scheduler"] = True
     if row.slots_short:
         # --slots-short K: a closed loop whose engine runs K requests fewer than it has clients, each
         # request waiting (N / (N - K) - 1) x E2E; what the TensorRT-LLM Llama-3.1-8B rows' TTFT growth
@@ -969,6 +1004,12 @@ def main(argv=None) -> int:
     ap.add_argument("--slots-short", type=int, default=0, metavar="K",
                     help="a sensitivity: every row's engine runs at most clients - K requests (engine.max_num_seqs); "
                          "K = 1 is what the TensorRT-LLM Llama-3.1-8B rows' TTFT growth with the output implies")
+    ap.add_argument("--aic-config", action="store_true",
+                    help="serve the aic-auto-gap-analysis TensorRT-LLM rows with AIConfigurator's generated config "
+                         "(max_num_tokens = max_batch_size + ISL + 1500, block reuse off, free fraction 0.7)")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="run the TensorRT-LLM rows with disable_overlap_scheduler (TensorRT-LLM's default is "
+                         "the overlap scheduler: policies/trtllm.py)")
     ap.add_argument("--resume", action="store_true",
                     help="with --json: take the rows an earlier run of the same code and settings wrote there "
                          "(finished, or its OUT.partial after a crash) instead of simulating them again")
@@ -995,6 +1036,8 @@ def main(argv=None) -> int:
     priced = [r for r in rows if not r.skip]
     for r in priced:
         r.slots_short = args.slots_short
+        r.aic_config = args.aic_config
+        r.no_overlap = args.no_overlap
     spec = mtp_section(args.mtp)
     if spec is not None:
         for r in priced:
@@ -1015,6 +1058,10 @@ def main(argv=None) -> int:
         settings = {"rounds": args.rounds, "send_gap_ms": args.send_gap_ms, "phases": phases, "mtp": args.mtp}
         if args.slots_short:
             settings["slots_short"] = args.slots_short
+        if args.aic_config:
+            settings["aic_config"] = True
+        if args.no_overlap:
+            settings["no_overlap"] = True
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)
@@ -1039,6 +1086,7 @@ def main(argv=None) -> int:
           f"wall on {args.workers} workers" + (f", {len(results) - len(new)} resumed" if done else ""))
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
               "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp, "slots_short": args.slots_short,
+              "aic_config": args.aic_config, "no_overlap": args.no_overlap,
               "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),

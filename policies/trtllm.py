@@ -48,6 +48,19 @@ file and line; in short, one call to :meth:`TrtllmPolicy.schedule` is one execut
    a chunk that would end mid-block is cut back to the block boundary); finished requests leave
    their blocks cached, evicted least recently used first.
 
+5. **The overlap scheduler** (``disable_overlap_scheduler`` False, ``TorchLlmArgs`` in
+   ``llm_args.py``: on by default). ``PyExecutor._executor_loop_overlap`` (``py_executor.py``) runs
+   each iteration as: fetch new requests (``_fetch_new_requests`` / ``_fetch_and_activate_new_requests``,
+   up to ``max_num_active_requests`` minus the active ones), schedule step k + 1, launch its forward,
+   and only then ``_process_previous_batch`` for step k (which waits for step k's tokens and runs
+   ``_handle_responses``, emitting them and removing finished requests). So the fetch for step
+   k + 1 happens as step k starts on the GPU: a request arriving while step k runs (a closed-loop
+   client answering a token emitted at step k - 1's end, too) enters step k + 2, one step later
+   than without the overlap; an executor with no active request blocks in its fetch and takes a
+   request at once. cbsim keeps such a request out of the active list until one more step has
+   been scheduled (:meth:`TrtllmPolicy._fetch`). The step the overlap scheduler also runs for a
+   request that has just finished (scheduled before its last token was seen) is not modelled.
+
 What a client sees when the engine is full: the request queues (waiting queue, then the active
 list) until the capacity scheduler admits it; TensorRT-LLM has no HTTP 429 of its own.
 
@@ -105,7 +118,9 @@ the others' decodes do not each wait out one rank's prefill. :meth:`TrtllmPolicy
 :meth:`TrtllmPolicy.hold_contexts` are the two halves the group calls around :meth:`schedule`.
 
 Not modelled: ``max_attention_window`` (cyclic KV of sliding windows), beam search, LoRA pages, pipeline-parallel micro-batches (``inflight_request_ids``), host KV offload, the
-overlap scheduler's one-step lookahead.
+overlap scheduler's extra step for a finished request, the batch-waiting knobs of later releases
+(``batch_wait_timeout_iters``, ``batch_wait_max_tokens_ratio``: ``PyExecutor._waiting_requests``,
+off by default).
 
 KV pool size: sim/hardware/trtllm_kv.py sizes it as TensorRT-LLM does, from
 ``free_gpu_memory_fraction`` of the memory left after weights and the profiling pass.
@@ -237,6 +252,13 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             "(kv_cache_config; read when the pool is sized)",
             float,
         ),
+        "disable_overlap_scheduler": Knob(
+            False,
+            "False (TensorRT-LLM's default): the overlap scheduler fetches a step's new requests when the "
+            "step before it starts, so a request arriving while step k runs enters step k + 2, one step "
+            "later than without it (True); an idle engine takes a request at once",
+            bool,
+        ),
         "attention_dp_enable_balance": Knob(
             False,
             "attention DP (hardware.data_parallel > 1 on an MoE model): hold a rank's scheduled context "
@@ -310,6 +332,11 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
                     raise ValueError(f"trtllm {key} must be >= 0 when attention_dp_enable_balance is on, "
                                      f"got {k[key]}")
         self._proposed: tuple[StepPlan, list, list] | None = None  # propose(): the scheduler's output
+        # the overlap scheduler (module doc, item 5): requests not yet fetched, with the step they may enter
+        self.overlap = not bool(k["disable_overlap_scheduler"])
+        self._steps = 0  # steps scheduled so far (non-empty plans)
+        self._in_flight = False  # a scheduled step has not finished yet
+        self._unfetched: deque[tuple[int, Request]] = deque()
 
     # --- speculative decoding (see the module doc) ------------------------------------------------
     supports_speculation = True
@@ -360,10 +387,27 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             return
         req.status = Status.WAITING
         req.policy_state = HANDOFF if req.num_computed_tokens else False
+        if self.overlap and (self._in_flight or self.active or self.queue):
+            # the overlap loop (py_executor.py _executor_loop_overlap) fetches the requests of step
+            # k + 1 when step k starts on the GPU: one arriving while step k runs, or as it ends,
+            # enters step k + 2 (the next step scheduled without it)
+            self._unfetched.append((self._steps + 1, req))
+            return
+        self._enter(req)
+
+    def _enter(self, req: Request) -> None:
         if len(self.active) < self.max_batch:
             self.active.append(req)
         else:
             self.queue.append(req)
+
+    def _fetch(self) -> None:
+        """The overlap scheduler's fetch: requests whose step has come join the waiting queue; with
+        nothing started (an idle executor blocks in its fetch until a request comes) all of them."""
+        pending = self._unfetched
+        idle = not self._started and not any(r.policy_state for r in self.active)
+        while pending and (idle or pending[0][0] <= self._steps):
+            self._enter(pending.popleft()[1])
 
     def _reject(self, req: Request, reason: str) -> None:
         req.status = Status.REJECTED
@@ -631,6 +675,7 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         """The capacity and micro-batch schedulers' output for this iteration, kept for
         :meth:`schedule`: (context requests, generation requests), what ``_balance_adp_requests``
         all-gathers. Nothing is allocated yet (TensorRT-LLM's ``prepare_resources`` runs after)."""
+        self._fetch()
         plan = StepPlan()
         fitting = self._capacity_no_evict() if self.no_evict else self._capacity_max_utilization(plan)
         contexts, gens = self._micro_batch(fitting)
@@ -649,6 +694,7 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             plan, contexts, gens = self._proposed
             self._proposed = None
         else:
+            self._fetch()
             plan = StepPlan()
             fitting = self._capacity_no_evict() if self.no_evict else self._capacity_max_utilization(plan)
             contexts, gens = self._micro_batch(fitting)
@@ -698,9 +744,13 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         if self._rejected:
             plan.rejected, self._rejected = self._rejected, []
             self._refill()
+        if not plan.is_empty:
+            self._steps += 1
+            self._in_flight = True
         return plan
 
     def finish_step(self, plan: StepPlan, finished: list[Request]) -> None:
+        self._in_flight = False
         if not finished:
             return
         for r in finished:  # batch order; with reuse the blocks stay cached (released to the free queue)
@@ -720,10 +770,10 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.queue) + len(self.active) - self._started
+        return len(self.queue) + len(self.active) - self._started + len(self._unfetched)
 
     def has_work(self) -> bool:
-        return bool(self.active or self.queue or self._rejected)
+        return bool(self.active or self.queue or self._rejected or self._unfetched)
 
     def kv_blocks_total(self) -> int:
         return self.num_blocks
@@ -735,7 +785,8 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         return self.kv.held_token_slots, self._stored_tokens
 
     def drain(self) -> list[Request]:
-        out = self.active + list(self.queue)
+        out = self.active + list(self.queue) + [r for _, r in self._unfetched]
+        self._unfetched.clear()
         for r in out:
             self.kv.release(r)
         self.active, self.queue = [], deque()
@@ -757,6 +808,8 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         the decodes' blocks must fit (decode_stretch_limit), which is also its fit check."""
         active = self.active
         if self.num_speculative_tokens or self._rejected or not active or (self.queue and len(active) < self.max_batch):
+            return None
+        if self._unfetched:  # a request the overlap scheduler fetches after some steps: step them
             return None
         gens: list[Request] = []
         first_pending = None

@@ -311,3 +311,29 @@ def test_a_dense_rows_moe_fields_do_not_skip_it():
         row = _row(tp=4)
         csv = SimpleNamespace(mode="agg", pp_size=1.0, attention_dp_size=1.0, moe_tp_size=mtp, moe_ep_size=ep)
         assert _layout_skip(csv, row) == "" and row.layout == "tp4" and not row.expert_parallel
+
+
+def test_aic_config_serves_the_gap_analysis_rows_with_aiconfigurators_agg_rule():
+    """--aic-config: max_batch_size 512 below 512 clients (else twice them), max_num_tokens =
+    max_batch_size + ISL + 1500 rounded up to 32 (trtllm.rule), block reuse and chunking off,
+    free fraction 0.7; only on TensorRT-LLM rows of the aic-auto-gap-analysis collection.
+    --no-overlap turns the overlap scheduler off on TensorRT-LLM rows."""
+    from bench.silicon_accuracy import aic_trtllm_engine, read_rows, scenario_of
+
+    row = _row(engine="trtllm", policy="trtllm", isl=1024, concurrency=8, aic_config=True,
+               source="source_file=/x/aic-auto-gap-analysis/data/h100_sxm/trtllm/1.0.0rc3/Qwen_Qwen3-32B.csv")
+    assert aic_trtllm_engine(row) == {"max_num_seqs": 512, "max_num_batched_tokens": 3040}  # 3036 -> 3040
+    assert aic_trtllm_engine(_row(isl=4096, concurrency=512)) == {"max_num_seqs": 1024,
+                                                                  "max_num_batched_tokens": 6624}
+    sc = scenario_of(row, "t", 4)
+    assert sc["engine"]["max_num_seqs"] == 512 and sc["engine"]["max_num_batched_tokens"] == 3040
+    assert sc["policies"] == [{"name": "trtllm", "enable_block_reuse": False, "enable_chunked_prefill": False,
+                               "free_gpu_memory_fraction": 0.7}]
+    other = _row(engine="trtllm", policy="trtllm", isl=1024, concurrency=8, aic_config=True, source="db-dump/x")
+    assert scenario_of(other, "t", 4)["engine"]["max_num_batched_tokens"] == 8192
+    assert scenario_of(other, "t", 4)["policies"] == [{"name": "trtllm"}]
+    plain = _row(engine="trtllm", policy="trtllm", no_overlap=True)
+    assert scenario_of(plain, "t", 4)["policies"] == [{"name": "trtllm", "disable_overlap_scheduler": True}]
+    rows = [r for r in read_rows() if r.engine == "trtllm" and r.system == "h100_sxm"
+            and r.model in ("Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B-Instruct")]
+    assert len(rows) == 357 and all("aic-auto-gap-analysis" in r.source for r in rows)

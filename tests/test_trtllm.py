@@ -59,7 +59,7 @@ def test_guaranteed_no_evict_admits_exactly_what_its_reservation_covers_and_neve
     plus max_tokens, though it generates only 3: floor(20 / 4) = 5 run at once, never 6, and no
     request is ever paused. The rest are admitted as earlier ones finish."""
     limits = _limits(blocks=20)
-    policy = _recording(make_policy("trtllm", limits, tokens_per_block=4))
+    policy = _recording(make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=4))
     rows = [(0, 6, 3, 10, 0, 0, 0) for _ in range(12)]
     checker = drive(policy, make_requests(rows), limits)
     assert all(r.status is Status.FINISHED for r in checker.requests.values())
@@ -73,7 +73,7 @@ def test_guaranteed_no_evict_reserves_to_max_seq_len_when_max_tokens_reaches_pas
     """The reservation is min(prompt + max_tokens, max_seq_len) (TensorRT-LLM clamps max_tokens to
     max_seq_len - prompt): with max_seq_len 16 each request reserves 4 blocks, not 28."""
     limits = _limits(blocks=8, max_len=16)
-    policy = make_policy("trtllm", limits, tokens_per_block=4)
+    policy = make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=4)
     for i in range(3):
         policy.add_request(Request(f"r{i}", 0.0, 6, 100, seq=i))
     plan = policy.schedule()
@@ -82,7 +82,7 @@ def test_guaranteed_no_evict_reserves_to_max_seq_len_when_max_tokens_reaches_pas
 
 def test_static_batch_admits_only_when_nothing_generates():
     limits = _limits(blocks=100)
-    policy = make_policy("trtllm", limits, tokens_per_block=4, capacity_scheduler_policy="STATIC_BATCH")
+    policy = make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=4, capacity_scheduler_policy="STATIC_BATCH")
     policy.add_request(Request("a", 0.0, 4, 5, seq=0))
     assert [r.id for r in _step(policy).admitted] == ["a"]
     policy.add_request(Request("b", 0.1, 4, 5, seq=1))
@@ -102,7 +102,7 @@ def test_max_utilization_pauses_the_newest_started_request_and_every_request_fin
     prompt + generated tokens as one context, and every request finishes with all 16 tokens (the
     checker counts every token and block at every step)."""
     limits = _limits(blocks=6)
-    policy = _recording(make_policy("trtllm", limits, tokens_per_block=4, capacity_scheduler_policy="MAX_UTILIZATION",
+    policy = _recording(make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=4, capacity_scheduler_policy="MAX_UTILIZATION",
                                     enable_block_reuse=False))
     rows = [(0, 4, 16, 16, 0, 0, 0) for _ in range(3)]
     checker = drive(policy, make_requests(rows), limits)
@@ -121,7 +121,7 @@ def test_max_utilization_admits_on_next_step_blocks_where_no_evict_reserves_to_c
     blocks reserved), MAX_UTILIZATION starts all three at once (one block each)."""
     limits = _limits(blocks=6)
     for policy_name, started in (("GUARANTEED_NO_EVICT", 1), ("MAX_UTILIZATION", 3)):
-        policy = make_policy("trtllm", limits, tokens_per_block=4, capacity_scheduler_policy=policy_name)
+        policy = make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=4, capacity_scheduler_policy=policy_name)
         for i in range(3):
             policy.add_request(Request(f"r{i}", 0.0, 4, 16, seq=i))
         assert len(policy.schedule().admitted) == started, policy_name
@@ -130,7 +130,7 @@ def test_max_utilization_admits_on_next_step_blocks_where_no_evict_reserves_to_c
 # --- micro-batch scheduler: budget, batch cap, chunking -------------------------------------------
 def _one_decode_and_two_contexts(**knobs):
     limits = _limits(blocks=200, block=16, budget=64)
-    policy = make_policy("trtllm", limits, tokens_per_block=16, enable_block_reuse=False,
+    policy = make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=16, enable_block_reuse=False,
                          enable_chunked_prefill=True, **knobs)
     policy.add_request(Request("g", 0.0, 4, 50, seq=0))
     _step(policy)  # g's context: a decode from now on
@@ -157,7 +157,7 @@ def test_equal_progress_chunking_gives_each_context_a_unit_per_round():
 
 def test_without_chunking_the_first_context_that_overflows_the_budget_ends_the_pass():
     limits = _limits(blocks=200, block=16, budget=64)
-    policy = make_policy("trtllm", limits, tokens_per_block=16, enable_block_reuse=False)
+    policy = make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=16, enable_block_reuse=False)
     for i in range(3):
         policy.add_request(Request(f"r{i}", 0.0, 40, 5, seq=i))
     plan = policy.schedule()
@@ -167,7 +167,7 @@ def test_without_chunking_the_first_context_that_overflows_the_budget_ends_the_p
 @pytest.mark.parametrize("chunked", [False, True])
 def test_token_budget_and_batch_cap_hold_every_step(chunked):
     limits = _limits(blocks=400, block=16, seqs=3, budget=64)
-    policy = _recording(make_policy("trtllm", limits, tokens_per_block=16, enable_chunked_prefill=chunked))
+    policy = _recording(make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=16, enable_chunked_prefill=chunked))
     rows = [(i // 3, 20 + 7 * i % 40, 5 + i % 9, 20, 0, i % 2, 8) for i in range(20)]
     checker = drive(policy, make_requests(rows), limits)
     assert all(r.status is Status.FINISHED for r in checker.requests.values())
@@ -182,7 +182,7 @@ def test_block_reuse_computes_a_shared_prefix_once(reuse, prefill):
     reuse, b is skipped in the first step (its first new block is the one a is computing,
     beneficialToSkip) and then reuses a's four 16-token blocks: 64 prefix tokens computed once."""
     limits = _limits(blocks=200, block=16)
-    policy = _recording(make_policy("trtllm", limits, tokens_per_block=16, enable_block_reuse=reuse))
+    policy = _recording(make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=16, enable_block_reuse=reuse))
     rows = [(0, 84, 3, 3, 0, 0, 64), (0, 84, 3, 3, 0, 0, 64)]
     drive(policy, make_requests(rows), limits)
     computed = sum(n for p in policy.plans for r, n, c in zip(p.scheduled, p.num_new_tokens, p.context)
@@ -197,7 +197,7 @@ def test_block_reuse_computes_a_shared_prefix_once(reuse, prefill):
 # --- requests TensorRT-LLM could never serve --------------------------------------------------------
 def test_requests_it_could_never_serve_are_rejected_with_a_reason():
     limits = _limits(blocks=8, budget=64, max_len=100)
-    policy = make_policy("trtllm", limits, tokens_per_block=4)
+    policy = make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=4)
     for rid, prompt, max_tokens in (("long", 100, 5), ("budget", 70, 5), ("pool", 20, 60), ("ok", 10, 5)):
         policy.add_request(Request(rid, 0.0, prompt, max_tokens))
     plan = policy.schedule()
@@ -210,7 +210,7 @@ def test_requests_it_could_never_serve_are_rejected_with_a_reason():
 
 def test_engine_defaults_are_tensorrt_llms():
     limits = EngineLimits(max_num_seqs=None, max_num_batched_tokens=None)
-    policy = make_policy("trtllm", limits)
+    policy = make_policy("trtllm", limits, disable_overlap_scheduler=True)
     assert (policy.limits.max_num_seqs, policy.limits.max_num_batched_tokens) == (2048, 8192)
     assert policy.B == 32 and policy.num_blocks == 1000 * 16 // 32
 
@@ -246,7 +246,7 @@ def test_a_request_handed_over_with_its_prompts_kv_is_admitted_as_a_decode():
     (its prompt is not computed here), and its first step is a one-token decode over the transferred
     context, holding ceil(41 / 8) = 6 blocks."""
     limits = _limits(blocks=12, block=8, budget=16)
-    policy = make_policy("trtllm", limits, tokens_per_block=8)
+    policy = make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=8)
     held = Request("held", 0.0, 40, 20, seq=0)
     held.num_computed_tokens, held.num_output_tokens = 40, 1
     policy.add_request(held)
@@ -257,3 +257,53 @@ def test_a_request_handed_over_with_its_prompts_kv_is_admitted_as_a_decode():
     other.num_computed_tokens, other.num_output_tokens = 40, 1
     policy.add_request(other)
     assert [r.id for r in policy.schedule().scheduled] == ["held"]
+
+
+# --- the overlap scheduler (disable_overlap_scheduler False, TensorRT-LLM's default) --------------
+def _first_step_of(policy, rid: str, arrive, steps: int = 8) -> int:
+    """The 1-based step in which request ``rid`` is first scheduled; ``arrive(k, in_flight)`` adds
+    requests while step k runs (in_flight True) or after it ends (False)."""
+    for k in range(1, steps + 1):
+        plan = policy.schedule()
+        if any(r.id == rid for r in plan.scheduled):
+            return k
+        arrive(k, True)
+        emitted = emit_tokens(plan)
+        done = [r for r in emitted if r.num_output_tokens >= r.max_tokens]
+        for r in done:
+            r.status = Status.FINISHED
+        policy.finish_step(plan, done)
+        arrive(k, False)
+    raise AssertionError(f"{rid} never scheduled in {steps} steps")
+
+
+@pytest.mark.parametrize("disable", [False, True])
+@pytest.mark.parametrize("when", ["in_flight", "between"])
+def test_overlap_scheduler_fetches_a_request_one_or_two_steps_late(disable, when):
+    """A decodes for 20 steps; B arrives during step 2, or as it ends. Without the overlap
+    scheduler B enters step 3. With it (``_executor_loop_overlap``: the fetch for step k + 1 runs
+    when step k starts on the GPU) B missed step 3's fetch and enters step 4."""
+    limits = _limits(blocks=200)
+    policy = make_policy("trtllm", limits, tokens_per_block=4, disable_overlap_scheduler=disable)
+    policy.add_request(Request("a", 0.0, 8, 20, seq=0))
+
+    def arrive(k, in_flight):
+        if k == 2 and in_flight == (when == "in_flight"):
+            policy.add_request(Request("b", 0.0, 8, 4, seq=1))
+
+    expected = 3 if disable else 4
+    assert _first_step_of(policy, "b", arrive) == expected
+
+
+def test_overlap_scheduler_lets_an_idle_engine_take_a_request_at_once():
+    """An idle executor blocks in its fetch until a request comes: a lone request enters the first
+    step, and one arriving after every request finished enters the next step, overlap or not."""
+    limits = _limits(blocks=200)
+    policy = make_policy("trtllm", limits, tokens_per_block=4)
+    policy.add_request(Request("a", 0.0, 8, 1, seq=0))
+
+    def arrive(k, in_flight):
+        if k == 1 and not in_flight:  # a finished in step 1 (its one token): nothing left running
+            policy.add_request(Request("b", 0.0, 8, 1, seq=1))
+
+    assert _first_step_of(policy, "b", arrive) == 2

@@ -25,6 +25,9 @@ ep8``: issue #29's bounds are per TP degree, issue #30's per layout; also in ``-
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
+``--client inferencemax`` replays the rows InferenceMAX measured (:func:`is_inferencemax`) as its
+client and launch scripts ran them (:func:`inferencemax_scenario`), beside the ``--phase`` result.
+
 ``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
 The whole priceable set runs in a process pool over rows (``--workers``, default: every core), the
 longest first by the CPU time each row took last time (:func:`longest_first`), so the workers end

@@ -25,6 +25,9 @@ ep8``: issue #29's bounds are per TP degree, issue #30's per layout; also in ``-
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
+``--client inferencemax`` replays the rows InferenceMAX measured (:func:`is_inferencemax`) as its
+client and launch scripts ran them (:func:`inferencemax_scenario`), beside the ``--phase`` result.
+
 ``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
 The whole priceable set runs in a process pool over rows (``--workers``, default: every core), the
 longest first by the CPU time each row took last time (:func:`longest_first`), so the workers end
@@ -203,6 +206,7 @@ class Row:
     source: str = ""  # the corpus' silicon_data_source (which collection, and its tool)
     aic_config: bool = False  # --aic-config: AIConfigurator's generated TensorRT-LLM config (below)
     no_overlap: bool = False  # --no-overlap: TensorRT-LLM rows with disable_overlap_scheduler (a sensitivity)
+    client: str = "fixed"  # --client: how the benchmark client is replayed (CLIENTS)
 
     @property
     def table_key(self) -> tuple:
@@ -538,6 +542,113 @@ def aic_trtllm_engine(row: Row, tokens_per_block: int = 32) -> dict:
     mbs = 512 if row.concurrency < 512 else 2 * row.concurrency
     tokens = -(-(mbs + row.isl + 1500) // tokens_per_block) * tokens_per_block
     return {"max_num_seqs": mbs, "max_num_batched_tokens": tokens}
+# ------------------------------------------------------------------------------------------------
+# InferenceMAX's client and servers (--client inferencemax)
+# ------------------------------------------------------------------------------------------------
+# The corpus' dated-CSV rows (silicon_data_source ``source_file=YYYY-MM-DD.csv``, ids
+# ``YYYY_MM_DD_<model>_<gpu>_<engine>_<precision>_agg_<ISL>x<OSL>_c<N>_tp...``) at 1k/1k, 1k/8k and 8k/1k
+# are InferenceMAX's sweeps (SemiAnalysisAI/InferenceX; docs/models-2026.md, "On the corpus"), whose
+# client is not a fixed-length closed loop. Every launch script (benchmarks/70b_fp8_h100_slurm.sh,
+# gptoss_fp4_h200.sh, dsr1_fp8_h200.sh, dsr1_fp8_h200_trt.sh, ...) runs its bench_serving copy
+# (kimbochen/bench_serving, later utils/bench_serving/ in the repository) as ``benchmark_serving.py
+# --dataset-name random --random-input-len ISL --random-output-len OSL --random-range-ratio 0.8
+# --num-prompts CONC*10 --max-concurrency CONC --request-rate inf --ignore-eos`` (the ratio from
+# .github/workflows/full-sweep-tmpl.yml). Its ``sample_random_requests`` draws, after ``np.random.seed(0)``
+# (``--seed`` default 0), every prompt length and then every output length as
+# ``np.random.randint(int(L * ratio), L + 1, size=num_prompts)``: uniform integers over [0.8 L, L],
+# mean 0.9 L; the requests go out in that order behind an ``asyncio.Semaphore(CONC)``; every one of
+# the CONC*10 is counted (a single test prompt, and in the later copy 2*CONC warm-up requests of that
+# prompt, run first and are all answered before the counted run opens with CONC sends at once); mean
+# TTFT over the requests, and TPOT per request ``(latency - ttft) / (output_len - 1)`` averaged over them.
+CLIENTS = ("fixed", "inferencemax")
+CLIENT = "fixed"
+INFERENCEMAX_LENGTHS = ((1024, 1024), (1024, 8192), (8192, 1024))
+INFERENCEMAX_SOURCE = re.compile(r"(?:^|;)\s*source_file=\d{4}-\d{2}-\d{2}\.csv\s*(?:;|$)")
+INFERENCEMAX_RANGE_RATIO = 0.8
+INFERENCEMAX_PROMPTS_PER_CLIENT = 10
+INFERENCEMAX_SEED = 0
+
+
+def is_inferencemax(row: Row) -> bool:
+    """The rule: a dated-CSV row (``source_file=YYYY-MM-DD.csv``) at one of InferenceMAX's three lengths."""
+    return bool(INFERENCEMAX_SOURCE.search(row.source)) and (row.isl, row.osl) in INFERENCEMAX_LENGTHS
+
+
+def inferencemax_lengths(isl: int, osl: int, n: int, ratio: float = INFERENCEMAX_RANGE_RATIO,
+                         seed: int = INFERENCEMAX_SEED):
+    """(prompt lengths, output lengths) of the ``n`` requests bench_serving's random dataset draws:
+    numpy's legacy generator seeded ``seed``, the prompts' ``randint(int(isl * ratio), isl + 1, n)``
+    first, then the outputs' (its zero-length prefix draw before them takes nothing from the stream)."""
+    import numpy as np
+
+    rs = np.random.RandomState(seed)
+    prompts = rs.randint(int(isl * ratio), isl + 1, size=n)
+    outputs = rs.randint(int(osl * ratio), osl + 1, size=n)
+    return prompts, outputs
+
+
+def inferencemax_trace(row: Row) -> Path:
+    """The row's CONC*10 requests as a csv trace (sent in order by the closed loop), cached by lengths."""
+    n = row.concurrency * INFERENCEMAX_PROMPTS_PER_CLIENT
+    out = CACHE / "inferencemax" / (f"{row.isl}x{row.osl}-n{n}-r{INFERENCEMAX_RANGE_RATIO}"
+                                    f"-s{INFERENCEMAX_SEED}.csv")
+    if not out.is_file():
+        prompts, outputs = inferencemax_lengths(row.isl, row.osl, n)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        tmp.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                       + "".join(f"0,{p},{o}\n" for p, o in zip(prompts, outputs)), encoding="utf-8")
+        tmp.rename(out)
+    return out
+
+
+def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
+    """(engine keys, policy knobs, hardware keys) of InferenceMAX's launch script for the row, the
+    flags cbsim has knobs for; rows of scripts not read here keep the bench's defaults.
+
+    * vLLM (70b_fp8_h100_slurm.sh, 70b_fp8_h200_slurm.sh, gptoss_fp4_h100_slurm.sh, gptoss_fp4_h200.sh):
+      ``--max-num-seqs CONC``, ``max-num-batched-tokens: 8192``, ``no-enable-prefix-caching``,
+      ``--gpu-memory-utilization 0.9``, async scheduling (cbsim's default), and for Llama-3.1-70B
+      ``kv-cache-dtype: fp8``.
+    * SGLang DeepSeek-R1 (dsr1_fp8_h200.sh): ``--disable-radix-cache --max-running-requests 512`` at
+      1k/1k, 256 otherwise, ``--chunked-prefill-size 32768 --max-prefill-tokens 32768
+      --mem-fraction-static 0.82``.
+    * TensorRT-LLM DeepSeek-R1 (dsr1_fp8_h200_trt.sh): ``kv_cache_config: {dtype: fp8,
+      free_gpu_memory_fraction: 0.75, enable_block_reuse: false}``, ``--max_num_tokens``
+      max(8192, (CONC + ISL + 127) // 64 * 64); the attention-DP balance the bench already sets."""
+    engine: dict = {}
+    knobs: dict = {}
+    hardware: dict = {}
+    model = row.model.lower()
+    if row.engine == "vllm" and ("llama-3.1-70b" in model or "gpt-oss" in model):
+        engine = {"max_num_seqs": row.concurrency, "max_num_batched_tokens": 8192, "enable_prefix_caching": False}
+        hardware = {"gpu_memory_utilization": 0.9}
+        if "llama-3.1-70b" in model:
+            engine["kv_cache_dtype"] = "fp8"
+    elif row.engine == "sglang" and "deepseek-r1" in model:
+        knobs = {"disable_radix_cache": True,
+                 "max_running_requests": 512 if (row.isl, row.osl) == (1024, 1024) else 256,
+                 "chunked_prefill_size": 32768, "max_prefill_tokens": 32768, "mem_fraction_static": 0.82}
+    elif row.engine == "trtllm" and "deepseek-r1" in model:
+        engine = {"kv_cache_dtype": "fp8",
+                  "max_num_batched_tokens": max(8192, (row.concurrency + row.isl + 64 + 63) // 64 * 64)}
+        knobs = {"free_gpu_memory_fraction": 0.75, "enable_block_reuse": False}
+    return engine, knobs, hardware
+
+
+def inferencemax_scenario(row: Row, table: str, send_gap_s: float, spec: dict | None = None) -> dict:
+    """The row as InferenceMAX ran it: its client's CONC*10 drawn lengths, in order, behind CONC
+    clients whose first sends are ``send_gap_s`` apart (the opening wave), and its server's flags."""
+    sc = scenario_of(row, table, INFERENCEMAX_PROMPTS_PER_CLIENT, send_gap_s, spec)
+    wl = sc["workload"]
+    wl.pop("prompt_tokens")
+    wl.pop("output_tokens")
+    wl["trace"] = {"path": str(inferencemax_trace(row)), "format": "csv"}
+    engine, knobs, hardware = inferencemax_server(row)
+    sc["engine"].update(engine)
+    sc["policies"][0].update(knobs)
+    sc["hardware"].update(hardware)
+    return sc
 
 
 def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec: dict | None = None) -> dict:
@@ -683,6 +794,15 @@ def simulate(args) -> Result:
             if "opening" in phases:
                 res.extra["random_steady"] = {"ttft_ms": out["random"][0], "tpot_ms": out["random"][1]}
                 out["opening"] = opening_means(first, out["random"], OPENING_ROUNDS)
+            if row.client == "inferencemax" and is_inferencemax(row):
+                # the row as InferenceMAX's client and server ran it; the fixed-length phases stay in
+                # ``extra["phases"]`` beside it (the "before" of docs/accuracy-corpus.md's table)
+                req = sim.run(inferencemax_scenario(row, table, send_gap_s, spec)).requests
+                out["inferencemax"] = _means(req)
+                res.extra["client"] = "inferencemax"
+                res.extra["lengths"] = {"prompt_mean": float(req["prompt_tokens"].mean()),
+                                        "output_mean": float(req["output_tokens"].mean()), "requests": len(req)}
+                phases = ["inferencemax", *phases]
         res.sim_ttft_ms, res.sim_tpot_ms = out[phases[0]]
         res.ttft_err = res.sim_ttft_ms / row.ttft_ms - 1
         res.tpot_err = res.sim_tpot_ms / row.tpot_ms - 1
@@ -930,6 +1050,24 @@ def print_phases(results: list[Result], phases: list[str]) -> None:
         print(f"{g:40s} " + "   ".join(cells))
 
 
+def print_clients(results: list[Result], phase: str) -> None:
+    """Per group, the rows replayed as InferenceMAX ran them: median |err| (and TTFT's median signed
+    error) under the fixed-length client (``--phase``) and under InferenceMAX's client."""
+    print(f"\nInferenceMAX rows: median |err| of the mean, fixed-length client ({phase}) -> InferenceMAX's client; "
+          "TTFT (median signed), TPOT")
+    by = defaultdict(list)
+    for r in results:
+        if not r.error and r.extra.get("client") == "inferencemax":
+            by[r.group].append(r)
+    for g, rs in sorted(by.items()):
+        cells = []
+        for p in (phase, "inferencemax"):
+            t = [r.extra["phases"][p]["ttft_err"] for r in rs]
+            o = [abs(r.extra["phases"][p]["tpot_err"]) for r in rs]
+            cells.append(f"{quantile([abs(e) for e in t], 0.5):6.1%} ({quantile(t, 0.5):+6.1%}) {quantile(o, 0.5):5.1%}")
+        print(f"{g:52s} {len(rs):4d}   {cells[0]}   ->   {cells[1]}")
+
+
 def _stats(rs: list[dict]) -> dict:
     out: dict = {"rows": len(rs)}
     for metric in ("ttft", "tpot"):
@@ -1010,6 +1148,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-overlap", action="store_true",
                     help="run the TensorRT-LLM rows with disable_overlap_scheduler (TensorRT-LLM's default is "
                          "the overlap scheduler: policies/trtllm.py)")
+    ap.add_argument("--client", choices=CLIENTS, default=CLIENT,
+                    help="fixed (default): every row a fixed-length closed loop with --phase; inferencemax: the "
+                         "rows InferenceMAX measured (dated-CSV rows at 1k/1k, 1k/8k, 8k/1k) replayed as its client "
+                         "and launch scripts ran them (lengths uniform over [0.8 L, L] from seed 0, CONC x 10 "
+                         "requests all counted, the scripts' server flags), beside the --phase result")
     ap.add_argument("--resume", action="store_true",
                     help="with --json: take the rows an earlier run of the same code and settings wrote there "
                          "(finished, or its OUT.partial after a crash) instead of simulating them again")
@@ -1038,6 +1181,7 @@ def main(argv=None) -> int:
         r.slots_short = args.slots_short
         r.aic_config = args.aic_config
         r.no_overlap = args.no_overlap
+        r.client = args.client
     spec = mtp_section(args.mtp)
     if spec is not None:
         for r in priced:
@@ -1062,6 +1206,8 @@ def main(argv=None) -> int:
             settings["aic_config"] = True
         if args.no_overlap:
             settings["no_overlap"] = True
+        if args.client != CLIENT:
+            settings["client"] = args.client
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)
@@ -1082,10 +1228,12 @@ def main(argv=None) -> int:
     print_report(rows, results, args.verbose)
     if args.compare_phases:
         print_phases(results, phases)
+    if args.client == "inferencemax":
+        print_clients(results, args.phase)
     print(f"\n{len(keys)} tables ({t_tables:.0f} s), {len(new)} rows simulated ({cpu:.0f} s CPU), {wall:.0f} s "
           f"wall on {args.workers} workers" + (f", {len(results) - len(new)} resumed" if done else ""))
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
-              "phase": args.phase, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp, "slots_short": args.slots_short,
+              "phase": args.phase, "client": args.client, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp, "slots_short": args.slots_short,
               "aic_config": args.aic_config, "no_overlap": args.no_overlap,
               "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],

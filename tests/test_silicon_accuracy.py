@@ -337,3 +337,80 @@ def test_aic_config_serves_the_gap_analysis_rows_with_aiconfigurators_agg_rule()
     rows = [r for r in read_rows() if r.engine == "trtllm" and r.system == "h100_sxm"
             and r.model in ("Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B-Instruct")]
     assert len(rows) == 357 and all("aic-auto-gap-analysis" in r.source for r in rows)
+
+
+def test_inferencemax_lengths_are_bench_servings_uniform_draw_over_0_8_L_to_L():
+    """bench_serving's random dataset (--random-range-ratio 0.8, --seed 0): np.random.seed(0), a
+    zero-length prefix draw, then randint(int(0.8 L), L + 1) for every prompt and every output, in
+    that order: uniform integers over [0.8 L, L] (both ends included), mean 0.9 L, reproducible."""
+    import numpy as np
+
+    from bench.silicon_accuracy import inferencemax_lengths
+
+    n = 40_000
+    prompts, outputs = inferencemax_lengths(1024, 8192, n)
+    assert (prompts.min(), prompts.max()) == (819, 1024)  # int(819.2) and L itself
+    assert (outputs.min(), outputs.max()) == (6553, 8192)
+    # closed form: the mean of the integers lo..hi is (lo + hi) / 2; the sample mean's standard error
+    # is (hi - lo + 1) / sqrt(12 n) (0.30 and 2.4 tokens here), so 5 of them bound the draw
+    for xs, lo, hi in ((prompts, 819, 1024), (outputs, 6553, 8192)):
+        assert abs(xs.mean() - (lo + hi) / 2) < 5 * (hi - lo + 1) / math.sqrt(12 * n)
+        assert len(np.unique(xs)) == hi - lo + 1  # every length in the range is drawn
+    # the client's own call sequence on numpy's global generator gives the same requests
+    np.random.seed(0)
+    np.random.randint(0, 128_000, size=0)
+    assert (np.random.randint(819, 1025, size=n) == prompts).all()
+    assert (np.random.randint(6553, 8193, size=n) == outputs).all()
+    again = inferencemax_lengths(1024, 8192, n)
+    assert (again[0] == prompts).all() and (again[1] == outputs).all()
+    assert not (inferencemax_lengths(1024, 8192, n, seed=1)[0] == prompts).all()
+
+
+def test_inferencemax_rows_are_the_dated_csv_rows_at_its_three_lengths():
+    from bench.silicon_accuracy import is_inferencemax, read_rows
+
+    dated = "source_file=2026-03-25.csv; model=GPT-OSS-120B; silicon_concurrency=4; image=vllm/vllm-openai:v0.18.0"
+    assert is_inferencemax(_row(source=dated, isl=1024, osl=8192))
+    assert is_inferencemax(_row(source=dated, isl=8192, osl=1024))
+    assert not is_inferencemax(_row(source=dated, isl=4000, osl=1000))  # not one of its lengths
+    assert not is_inferencemax(_row(source="db-dump/2026-04-27; config_id=81; silicon_concurrency=4",
+                                    isl=1024, osl=1024))  # AIConfigurator's own runs
+    assert not is_inferencemax(_row(source="/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/q.csv",
+                                    isl=1024, osl=1024))
+    rows = read_rows()
+    h200_70b = [r for r in rows if r.system == "h200_sxm" and r.engine == "vllm" and "70B" in r.model
+                and r.skip == ""]
+    assert len(h200_70b) == 60 and all(is_inferencemax(r) for r in h200_70b)
+    # the H200 SGLang DeepSeek-V3 rows (config 81 of AIConfigurator's database dump) are not InferenceMAX's
+    sglang_v3 = [r for r in rows if r.system == "h200_sxm" and r.engine == "sglang" and r.model.endswith("V3")
+                 and not r.skip]
+    assert len(sglang_v3) == 15 and not any(is_inferencemax(r) for r in sglang_v3)
+
+
+def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_server_flags():
+    from bench.silicon_accuracy import inferencemax_lengths, inferencemax_scenario
+
+    vllm = _row(policy="vllm-v1", concurrency=16, isl=1024, osl=1024, config="c.json", gpu="h200")
+    sc = inferencemax_scenario(vllm, "t", 0.001)
+    wl = sc["workload"]
+    assert wl["num_requests"] == 160 and wl["arrival"]["concurrency"] == 16 and wl["arrival"]["ramp_s"] == 0.016
+    assert "prompt_tokens" not in wl and "output_tokens" not in wl and wl["max_tokens"] == 1024
+    lines = open(wl["trace"]["path"], encoding="utf-8").read().split()
+    assert lines[0] == "arrival_s,prompt_tokens,output_tokens" and len(lines) == 161
+    prompts, outputs = inferencemax_lengths(1024, 1024, 160)
+    assert lines[1:] == [f"0,{p},{o}" for p, o in zip(prompts, outputs)]
+    assert sc["engine"] | {"max_model_len": 0} == {"max_model_len": 0, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
+                                                    "enable_prefix_caching": False, "kv_cache_dtype": "fp8"}
+    assert sc["hardware"]["gpu_memory_utilization"] == 0.9
+    oss = inferencemax_scenario(_row(policy="vllm-v1", model="openai/gpt-oss-120b", config="c.json"), "t", 0.0)
+    assert "kv_cache_dtype" not in oss["engine"]  # the gpt-oss scripts keep the model's KV dtype
+    sgl = inferencemax_scenario(_row(engine="sglang", policy="sglang", model="deepseek-ai/DeepSeek-R1", tp=8,
+                                     isl=8192, osl=1024, config="c.json"), "t", 0.0)
+    assert sgl["policies"][0] == {"name": "sglang", "disable_radix_cache": True, "max_running_requests": 256,
+                                  "chunked_prefill_size": 32768, "max_prefill_tokens": 32768,
+                                  "mem_fraction_static": 0.82}
+    trt = inferencemax_scenario(_row(engine="trtllm", policy="trtllm", model="deepseek-ai/DeepSeek-R1", tp=8,
+                                     isl=8192, osl=1024, concurrency=256, config="c.json"), "t", 0.0)
+    assert trt["engine"]["max_num_batched_tokens"] == (256 + 8192 + 127) // 64 * 64 == 8512
+    assert trt["engine"]["kv_cache_dtype"] == "fp8"
+    assert trt["policies"][0] == {"name": "trtllm", "free_gpu_memory_fraction": 0.75, "enable_block_reuse": False}

@@ -5,6 +5,7 @@ requests are three million steps, and the bytes per step are the run's memory)."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from policies.base import StepPlan
 from sim.latency.base import step_shape
@@ -113,9 +114,13 @@ def test_stretches_kept_once_give_the_frame_of_rows_written_one_by_one():
         _row(steps, 2.25, 101)
     steps.set_last_waiting(9)
     kept.set_last_waiting(9)  # on a row scheduled alone
+    assert len(kept.columns["running"]) == 2  # the stretches' rows are not stored per row
     a, b = merge_steps_frame([kept]), merge_steps_frame([rows])
     assert len(a) == 7 and a.dtypes.tolist() == b.dtypes.tolist()
     assert a.equals(b)
     assert a["finished"].tolist() == [0, 0, 0, 2, 0, 0, 0] and a["running"].tolist() == [2, 4, 4, 2, 2, 2, 2]
     assert a["waiting"].tolist() == [3, 2, 2, 2, 1, 6, 9]
-    assert len(kept.columns["running"]) == 2  # the stretches' rows are not stored per row
+    # the laid-out columns replace the stepped rows' storage (no second copy), and are kept
+    assert len(kept.columns["running"]) == 0 and merge_steps_frame([kept]).equals(a)
+    with pytest.raises(TypeError):  # rows are final once a frame was built: no row lands misplaced
+        _row(kept, 3.0, 102)

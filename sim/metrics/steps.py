@@ -108,6 +108,7 @@ class ReplicaSteps:
         # bytes, widened with the columns)
         self.runs = {f: array("q" if f in ("first", "k") else "i") for f in _RUN_FIELDS}
         self.all_int = {c: True for c in _MAYBE_INT}
+        self._full: dict[str, np.ndarray] = {}  # sparse columns laid out over every row (column())
         self._bind()
 
     def _bind(self) -> None:
@@ -251,7 +252,8 @@ class ReplicaSteps:
 
     def column(self, name: str) -> np.ndarray:
         """The column over every row (int32, int64 or float64): a view of its buffer (no copy)
-        for a column every row writes, a fresh array for one a stretch keeps once."""
+        for a column every row writes, an array laid out once (and kept in place of its stepped
+        rows) for one a stretch keeps once. The replica's rows are final from then on."""
         col = self.columns[name]
         dtype = _NUMPY_OF[col.typecode]
         if name in _DENSE_COLUMNS:
@@ -260,6 +262,9 @@ class ReplicaSteps:
                     not len(values) or np.abs(values).max() < _EXACT_INT_FLOAT):
                 return values.astype(np.int64)
             return values
+        full = self._full.get(name)
+        if full is not None:
+            return full
         out = np.zeros(len(self.ends), dtype=dtype)
         out[np.frombuffer(self.stepped, dtype=np.int64)] = np.frombuffer(col, dtype=dtype)
         fields = _STRETCH_FIELDS.get(name)
@@ -271,6 +276,14 @@ class ReplicaSteps:
                 out[rows] = np.repeat(np.frombuffer(body, dtype=_NUMPY_OF[body.typecode]), k)
             tail = self.runs[tail]
             out[last] = np.frombuffer(tail, dtype=_NUMPY_OF[tail.typecode])
+        # the column laid out replaces its stepped rows' storage (no second copy beside the frame's
+        # column); the rows are final: a later append or stretch fails instead of misplacing rows
+        self._full[name] = out
+        self.columns[name] = array(col.typecode)
+        self._append = self._run_append = self._dense_ints = None
+        if len(self._full) == len(_SPARSE_COLUMNS):  # every column laid out: the layout's arrays go
+            self._layout = None
+            self.stepped = array("q")
         return out
 
     def end_times(self) -> np.ndarray:

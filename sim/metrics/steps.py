@@ -88,6 +88,26 @@ _STRETCH_FIELDS = {
 _RUN_FIELDS = ("first", "running", "running_last", "waiting", "waiting_last", "num_seqs", "cpu", "finished", "k")
 
 
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+    The stepped rows' arrays grew in the heap during the run; freed when their columns are laid
+    out, they leave holes the heap keeps (about 30 MB at 300k requests) at the run's memory peak,
+    the summary's, which comes after."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
 class ReplicaSteps:
     """One replica's step rows: typed columns, and each step's end time.
 
@@ -284,6 +304,7 @@ class ReplicaSteps:
         if len(self._full) == len(_SPARSE_COLUMNS):  # every column laid out: the layout's arrays go
             self._layout = None
             self.stepped = array("q")
+            release_freed_memory()
         return out
 
     def end_times(self) -> np.ndarray:

@@ -498,6 +498,18 @@ def _is_mla(config: str) -> bool:
 # ------------------------------------------------------------------------------------------------
 # one row, closed-loop
 # ------------------------------------------------------------------------------------------------
+# TensorRT-LLM's attention-DP balance as the corpus' attention-DP rows ran it. Their provenance
+# (`image=nvcr.io#nvidia/tensorrt-llm/release:1.1.0rc2.post2`, ISL/OSL 1k/1k, 1k/8k, 8k/1k, 4-256
+# clients, `tp8 ep8` with `dp-attn`) is InferenceMAX's (SemiAnalysisAI/InferenceX) sweep, whose
+# TensorRT-LLM launch scripts write, whenever DP_ATTENTION is true, `attention_dp_config:
+# {batching_wait_iters: 0, enable_balance: true, timeout_iters: 60}` into the extra LLM-API options
+# (benchmarks/dsr1_fp8_h200_trt.sh, dsr1_fp8_h200_trt_slurm.sh, and the B200 and gpt-oss scripts
+# alike). TensorRT-LLM's own default is balance off (AttentionDpConfig, policies/trtllm.py AdpBalance);
+# AIConfigurator's generator templates do not set attention_dp_config at all.
+TRTLLM_ADP_BALANCE = {"attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
+                      "attention_dp_batching_wait_iters": 0}
+
+
 def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec: dict | None = None) -> dict:
     sc = _scenario(row, table, rounds, send_gap_s)
     if spec is not None:  # --mtp: a sensitivity, never the row's own result (the corpus does not say MTP)
@@ -517,6 +529,8 @@ def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec
         # off), so the runs cannot have used it; the corpus does not record what they set. Rows whose
         # prompt and clients fit 8192 keep the default.
         sc["engine"]["max_num_batched_tokens"] = max(8192, row.isl + row.concurrency)
+        if row.data_parallel > 1:
+            sc["policies"][0].update(TRTLLM_ADP_BALANCE)
     if row.slots_short:
         # --slots-short K: a closed loop whose engine runs K requests fewer than it has clients, each
         # request waiting (N / (N - K) - 1) x E2E; what the TensorRT-LLM Llama-3.1-8B rows' TTFT growth

@@ -94,6 +94,16 @@ next step writes over them. The one-model workers' ``num_extra_kv_tokens`` (``k 
 request, ``speculative/utils.py`` ``get_num_extra_kv_tokens``) are not reserved. No decode
 fast-forward while speculating.
 
+Attention data parallelism (``enable_attention_dp``; cbsim's ``hardware.data_parallel`` > 1 on an
+MoE model, each rank one of these policies, stepping in lockstep: :mod:`sim.lockstep`). With
+``attention_dp_enable_balance`` (``attention_dp_config.enable_balance``, off by default as in
+``AttentionDpConfig``) the group applies :class:`AdpBalance` each iteration: a rank's scheduled
+context requests wait until every rank has one (``PyExecutor._balance_adp_requests``), at most
+``attention_dp_timeout_iters`` iterations, and once every rank has one they wait
+``attention_dp_batching_wait_iters`` more; the ranks' contexts then run in the same iteration, so
+the others' decodes do not each wait out one rank's prefill. :meth:`TrtllmPolicy.propose` and
+:meth:`TrtllmPolicy.hold_contexts` are the two halves the group calls around :meth:`schedule`.
+
 Not modelled: ``max_attention_window`` (cyclic KV of sliding windows), beam search, LoRA pages, pipeline-parallel micro-batches (``inflight_request_ids``), host KV offload, the
 overlap scheduler's one-step lookahead.
 
@@ -124,6 +134,65 @@ HANDOFF = "handoff"
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+class AdpBalance:
+    """TensorRT-LLM's attention-DP balance (``attention_dp_config.enable_balance``), one per
+    lockstep group: whether an iteration's scheduled context requests run.
+
+    ``PyExecutor._schedule`` (tensorrt_llm/_torch/pyexecutor/py_executor.py) runs the capacity and
+    micro-batch schedulers, then, with ``enable_attention_dp`` and ``enable_balance``,
+    ``_balance_adp_requests``: every rank all-gathers (its scheduled contexts, its scheduled
+    generation requests) and, the same on every rank,
+
+    * every rank has a context and a free slot (generation requests < ``max_batch_size``): the
+      wait counter resets; if every rank also has a generation request, the contexts wait
+      ``batching_wait_iters`` iterations more (counted, then reset), otherwise they run;
+    * otherwise the contexts are held and the wait counter counts this iteration; when it reaches
+      ``timeout_iters``, or some rank has no generation request, it resets and the contexts run.
+
+    So while the ranks decode, a context runs only when every rank has one (or the counter times
+    out), and then on every rank in that iteration. The counter counts every iteration that lacks a
+    context on some rank, those with no context anywhere too, so a lone context waits between 0 and
+    ``timeout_iters - 1`` iterations. A rank with no active request counts one generation request:
+    ``_pad_attention_dp_dummy_request`` gives it a dummy before ``_schedule`` runs.
+    ``AttentionDpConfig`` (tensorrt_llm/llmapi/llm_args.py): ``enable_balance`` False,
+    ``timeout_iters`` 50, ``batching_wait_iters`` 10; ``attention_dp_config`` itself defaults to
+    None (balance off). NVIDIA/TensorRT-LLM PR #6061.
+    """
+
+    def __init__(self, timeout_iters: int, batching_wait_iters: int, max_batch_size: int) -> None:
+        self.timeout_iters = timeout_iters
+        self.batching_wait_iters = batching_wait_iters
+        self.max_batch = max_batch_size
+        self.waiting = 0  # adp_ctx_waiting_iters_count
+        self.batching = 0  # adp_ctx_batching_wait_iters_count
+        self.held = 0  # iterations whose contexts were held on some rank (a statistic)
+
+    def release(self, counts: list[tuple[int, int]]) -> bool:
+        """Whether this iteration's scheduled contexts run, from every rank's (contexts, generation
+        requests); False holds them on every rank."""
+        all_free = all(g < self.max_batch for _, g in counts)
+        all_ctx = all(c > 0 for c, _ in counts)
+        all_gen = all(g > 0 for _, g in counts)
+        run = True
+        if all_free and all_ctx:
+            self.waiting = 0
+            if all_gen:
+                if self.batching < self.batching_wait_iters:
+                    self.batching += 1
+                    run = False
+                else:
+                    self.batching = 0
+        else:
+            self.waiting += 1
+            run = False
+            if self.waiting >= self.timeout_iters or not all_gen:
+                self.waiting = 0
+                run = True
+        if not run and any(c for c, _ in counts):
+            self.held += 1
+        return run
 
 
 class TrtllmPolicy(PagedDecodeStretch, Policy):
@@ -167,6 +236,25 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             "fraction of the memory left after weights and the profiling pass that the KV cache takes "
             "(kv_cache_config; read when the pool is sized)",
             float,
+        ),
+        "attention_dp_enable_balance": Knob(
+            False,
+            "attention DP (hardware.data_parallel > 1 on an MoE model): hold a rank's scheduled context "
+            "requests until every rank has one, so that the ranks prefill in the same iteration "
+            "(attention_dp_config.enable_balance; off by default)",
+            bool,
+        ),
+        "attention_dp_timeout_iters": Knob(
+            50,
+            "with balance: iterations a context waits for the other ranks' before it runs anyway "
+            "(attention_dp_config.timeout_iters)",
+            int,
+        ),
+        "attention_dp_batching_wait_iters": Knob(
+            10,
+            "with balance: iterations every rank's contexts wait, once all ranks have one, to gather more "
+            "(attention_dp_config.batching_wait_iters)",
+            int,
         ),
     }
 
@@ -215,6 +303,13 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         self._hashes: dict[Request, Any] = {}  # block hashes of prompts (beneficialToSkip)
         self._started = 0  # active requests holding KV (num_computed_tokens > 0)
         self._stored_tokens = 0  # sum of num_computed_tokens over requests holding blocks
+        self.balance = bool(k["attention_dp_enable_balance"])
+        if self.balance:
+            for key in ("attention_dp_timeout_iters", "attention_dp_batching_wait_iters"):
+                if int(k[key]) < 0:  # AttentionDpConfig.validate_attention_dp_config
+                    raise ValueError(f"trtllm {key} must be >= 0 when attention_dp_enable_balance is on, "
+                                     f"got {k[key]}")
+        self._proposed: tuple[StepPlan, list, list] | None = None  # propose(): the scheduler's output
 
     # --- speculative decoding (see the module doc) ------------------------------------------------
     supports_speculation = True
@@ -523,14 +618,40 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
                 progress = progress or inc > 0
         return sizes
 
+    # --- attention DP: the ranks' balance (AdpBalance, run by sim.lockstep) ---------------------------
+    def adp_balance(self) -> AdpBalance | None:
+        """The balance rule a lockstep group of these ranks applies, None with balance off."""
+        if not self.balance:
+            return None
+        k = self.knobs
+        return AdpBalance(int(k["attention_dp_timeout_iters"]), int(k["attention_dp_batching_wait_iters"]),
+                          self.max_batch)
+
+    def propose(self) -> tuple[int, int]:
+        """The capacity and micro-batch schedulers' output for this iteration, kept for
+        :meth:`schedule`: (context requests, generation requests), what ``_balance_adp_requests``
+        all-gathers. Nothing is allocated yet (TensorRT-LLM's ``prepare_resources`` runs after)."""
+        plan = StepPlan()
+        fitting = self._capacity_no_evict() if self.no_evict else self._capacity_max_utilization(plan)
+        contexts, gens = self._micro_batch(fitting)
+        self._proposed = (plan, contexts, gens)
+        return len(contexts), len(gens)
+
+    def hold_contexts(self) -> None:
+        """The balance holds this iteration's context requests: only the generation requests run."""
+        if self._proposed is not None:
+            plan, _, gens = self._proposed
+            self._proposed = (plan, [], gens)
+
     # --- one iteration ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        plan = StepPlan()
-        if self.no_evict:
-            fitting = self._capacity_no_evict()
+        if self._proposed is not None:  # propose() ran this iteration (a lockstep group's balance)
+            plan, contexts, gens = self._proposed
+            self._proposed = None
         else:
-            fitting = self._capacity_max_utilization(plan)
-        contexts, gens = self._micro_batch(fitting)
+            plan = StepPlan()
+            fitting = self._capacity_no_evict() if self.no_evict else self._capacity_max_utilization(plan)
+            contexts, gens = self._micro_batch(fitting)
         kv, B = self.kv, self.B
         for r, n in contexts:
             if r.num_computed_tokens == 0:  # first chunk: reuse, then allocate (add_sequence)
@@ -621,6 +742,7 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         self._hashes.clear()
         self._started = 0
         self._stored_tokens = 0
+        self._proposed = None
         return out
 
     # --- pure-decode stretches (Policy.decode_stretch) ------------------------------------------------

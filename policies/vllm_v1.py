@@ -288,9 +288,13 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             i = 0
         else:
             i = len(running)
-            sched.extend(running)
-            sched_n.extend([1] * i)
+            sched = running[:]
+            sched_n = [1] * i
             token_budget -= i
+            # num_computed_tokens moves at schedule time (below): Phase B reads no running
+            # request's count, so the bulk pass's requests move here
+            for r in running:
+                r.num_computed_tokens += 1
         while i < len(running) and token_budget > 0:
             r = running[i]
             computed = r.num_computed_tokens
@@ -423,10 +427,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         if bulk is None:
             context, rest = [], zip(sched, sched_n)
         else:
-            context, nb = bulk, len(bulk)
-            for r in sched[:nb]:
-                r.num_computed_tokens += 1
-            rest = zip(sched[nb:], sched_n[nb:])
+            context, nb = bulk, len(bulk)  # the bulk pass's requests have moved (Phase A)
+            rest = zip(sched[nb:], sched_n[nb:]) if len(sched) > nb else ()
         if spec_k:
             spec = plan.spec_tokens = []
             for r, n in rest:
@@ -600,11 +602,13 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             B, tick = len(edges), self._tick
             for r in finished:
                 bucket = edges[(r.num_computed_tokens - tick) % B]
-                i = next((i for i, e in enumerate(bucket) if e[1] is r), None)
-                if i is None:  # not where its phase says: the calendar is rebuilt
+                for i, e in enumerate(bucket):
+                    if e[1] is r:
+                        del bucket[i]
+                        break
+                else:  # not where its phase says: the calendar is rebuilt
                     self._drop_edges()
                     break
-                del bucket[i]
         for r in finished:  # batch order, each request's blocks tail first
             self.kv.release(r)
             r.policy_state = None
@@ -671,11 +675,20 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         tick = self._tick
         self._tick = tick + k
         B = len(edges)
+        kv = self.kv
         # the steps' ticks open blocks; with caching the tick after each also names the phase
         # that fills one in that step
-        n = k + 1 if self.kv.enable_caching else k
+        n = k + 1 if kv.enable_caching else k
         if n >= B:  # every phase has an edge inside the stretch: the due list is the batch
             return PagedDecodeStretch.advance_decodes(self, batch, k)
+        if kv.tiers is None and not (kv.enable_caching and kv.num_sharing):
+            # every block still to fill is its request's own: the due buckets' entries carry the
+            # states and the running order (their ranks), handed over as they are (the phases
+            # of the n < B ticks are distinct)
+            stored0 = self._stored_tokens
+            self._stored_tokens = stored0 + len(batch) * k
+            return kv.advance_own_entries([edges[-t % B] for t in range(tick, tick + n)], k, self._ranks,
+                                          batch, stored0)
         due = self._due([-t % B for t in range(tick, tick + n)])
         return PagedDecodeStretch.advance_decodes(self, batch, k, [e[1] for e in due])
 

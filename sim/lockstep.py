@@ -29,6 +29,14 @@ term (table_format), each rank's price has its own ``moe_group(T_r)`` replaced b
 ``moe_group(Σ T_r / D)``, and the step is the slowest of those: the ranks' attention and dense
 layers on their own tokens, the experts once over everyone's. Equal ranks are priced as before.
 
+**Balance.** When the ranks' policy has a balance rule (``adp_balance()``: TensorRT-LLM's
+``attention_dp_config.enable_balance``, :class:`policies.trtllm.AdpBalance`), each iteration runs
+as ``PyExecutor._schedule`` does: every rank with work proposes its scheduler's output
+(``propose()``: its context and generation requests, nothing allocated), a rank with none counts
+one generation request (``_pad_attention_dp_dummy_request``), the rule decides from all of them
+whether the contexts run, and if not every rank drops its contexts for this iteration
+(``hold_contexts()``) before it schedules. Without a rule nothing changes.
+
 Fast-forward is off for the ranks of a group (a stretch of one rank would run ahead of the
 others); each rank records its own steps, with the group's step time.
 """
@@ -45,7 +53,23 @@ class LockstepGroup:
         for rank in ranks:
             rank.group = self
             rank.fast_forward = False
+        rule = getattr(ranks[0].policy, "adp_balance", None)
+        self.balance = rule() if rule is not None else None  # the module docstring, "Balance"
         self.process = env.process(self.loop())
+
+    def balance_contexts(self) -> None:
+        """Every rank's proposal to the balance rule; the contexts held on every rank if it says so."""
+        counts, proposed = [], []
+        for rank in self.ranks:
+            policy = rank.policy
+            if policy.has_work():
+                counts.append(policy.propose())
+                proposed.append(policy)
+            else:
+                counts.append((0, 1))  # an idle rank's dummy generation request
+        if not self.balance.release(counts):
+            for policy in proposed:
+                policy.hold_contexts()
 
     def kick(self) -> None:
         if not self.wake.triggered:
@@ -61,6 +85,8 @@ class LockstepGroup:
                 yield self.wake
                 continue
             start = env.now
+            if self.balance is not None:
+                self.balance_contexts()
             planned, retry = [], False
             for rank in ranks:
                 item, again = rank.plan_step(start)

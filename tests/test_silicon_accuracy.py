@@ -263,8 +263,26 @@ def test_mtp_sensitivity_runs_the_rows_policy_with_the_mtp_layers_own_table():
     assert table_dir(row.mtp_key, "d").name == table_dir(row.table_key, "d").name + "-mtp"
     spec = {**mtp_section("1:0.85"), "draft_table": "mtp-table"}
     sc = scenario_of(row, "t", 4, spec=spec)
-    assert sc["policies"] == [{"name": "trtllm", "speculative": spec}]
-    assert scenario_of(row, "t", 4)["policies"] == [{"name": "trtllm"}]
+    balance = {"attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
+               "attention_dp_batching_wait_iters": 0}
+    assert sc["policies"] == [{"name": "trtllm", "speculative": spec, **balance}]
+    assert scenario_of(row, "t", 4)["policies"] == [{"name": "trtllm", **balance}]
+
+
+def test_trtllm_attention_dp_rows_run_the_adp_balance_the_corpus_runs_set():
+    """InferenceMAX's TensorRT-LLM scripts set attention_dp_config {enable_balance: true,
+    timeout_iters: 60, batching_wait_iters: 0} with attention DP; nothing else gets it."""
+    from bench.silicon_accuracy import TRTLLM_ADP_BALANCE, scenario_of
+
+    dp = _row(engine="trtllm", policy="trtllm", model="deepseek-ai/DeepSeek-R1", tp=1, data_parallel=8,
+              expert_parallel=True)
+    assert scenario_of(dp, "t", 4)["policies"] == [{"name": "trtllm", **TRTLLM_ADP_BALANCE}]
+    assert TRTLLM_ADP_BALANCE == {"attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
+                                  "attention_dp_batching_wait_iters": 0}
+    tp = _row(engine="trtllm", policy="trtllm", model="deepseek-ai/DeepSeek-R1", tp=8, expert_parallel=True)
+    assert scenario_of(tp, "t", 4)["policies"] == [{"name": "trtllm"}]
+    vllm_dp = _row(policy="vllm-v1", model="deepseek-ai/DeepSeek-R1", tp=1, data_parallel=8, expert_parallel=True)
+    assert "attention_dp_enable_balance" not in scenario_of(vllm_dp, "t", 4)["policies"][0]
 
 
 def test_the_clients_concurrency_is_the_data_sources_or_every_dp_ranks_batch():

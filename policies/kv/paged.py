@@ -489,6 +489,58 @@ class PagedKVManager:
         self._held_blocks += len(new)
         return allocated
 
+    def advance_own_entries(self, buckets: list[list], k: int, num_ranks: int, batch: list[Request],
+                            stored0: int) -> tuple[list[int], list[int], list[int]]:
+        """:meth:`advance_decode_stretch` when every block still to fill is its request's own and
+        there are no KV tiers, for the entries ``(rank, request, state)`` of an edge calendar's
+        ``buckets``: those of ``batch`` that may reach a block edge within the ``k`` steps (ranks
+        below ``num_ranks``, ordered as the batch is; entries in any order). Their block work as
+        :meth:`_advance_own` does it (new blocks popped at once and handed out in (step, rank)
+        order, registration by count), then every request of ``batch`` ``k`` on."""
+        B = self.block_size
+        caching = self.enable_caching
+        used0, held0 = self.pool.num_used, self._held_blocks * B
+        keys = []  # (step * num_ranks + rank, state): (step, batch) order
+        for bucket in buckets:
+            for rank, r, st in bucket:
+                c = r.num_computed_tokens
+                end = c + k
+                if caching and end // B > st.num_cached_blocks:
+                    st.num_cached_blocks = end // B
+                # block m (m >= len(blocks)) is first written at position m * B: step m * B - c + 1
+                m = len(st.blocks)
+                while m * B < end:
+                    keys.append(((m * B - c + 1) * num_ranks + rank, st))
+                    m += 1
+        for r in batch:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+        b = len(batch)
+        stored = list(range(stored0 + b, stored0 + b * k + 1, b)) if b else [stored0] * k
+        if not keys:
+            return [used0] * k, [held0] * k, stored
+        if len(keys) > 1:
+            keys.sort()
+        new = self.pool.get_new_blocks(len(keys))
+        self._held_blocks += len(new)
+        # per step the blocks used and the token slots held at its end: runs of equal values
+        # between the steps that allocate
+        used: list[int] = []
+        held: list[int] = []
+        u, h, j0 = used0, held0, 1  # the values so far; the first step not yet listed
+        for (key, st), block in zip(keys, new):
+            st.blocks.append(block)
+            j = key // num_ranks  # the step (1-based) that writes the block's first token
+            if j > j0:
+                used += [u] * (j - j0)
+                held += [h] * (j - j0)
+                j0 = j
+            u += 1
+            h += B
+        used += [u] * (k + 1 - j0)
+        held += [h] * (k + 1 - j0)
+        return used, held, stored
+
     def append_decode_blocks(self, states: list[_ReqKV], contexts: list[int]) -> None:
         """``allocate_slots(r, 1)`` for decodes at the end of their block tables (context a
         multiple of the block size, one past the table) whose remaining blocks are all their own

@@ -276,8 +276,13 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     else:
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
                            block_size=block_size, allreduce=allreduce, **limits)
+    meta = comp.table.metadata
+    meta["provenance"] = {"command": kernel_db_command(
+        out, model=model, gpu=gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
+        block_size=block_size, limits=limits, data_parallel=data_parallel, expert_parallel=expert_parallel,
+        draft=draft, draft_vocab_size=draft_vocab_size, allreduce=allreduce), **meta["provenance"]}
     write_table(out, comp.table)
-    meta, t = comp.table.metadata, comp.table
+    t = comp.table
     prov, err = meta["provenance"], meta.get("aic_agreement") or meta["heldout_error"]
     console = Console()
     par = meta.get("parallel") or {}
@@ -295,6 +300,31 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                   f"{err['mean_abs_rel']:.1%}, p90 {err['p90_abs_rel']:.1%}", highlight=False, markup=False)
     console.print(f"known limits: {prov['known_limits']}", highlight=False, markup=False)
     console.print(f"table: {out}/ (table.csv, metadata.json)", highlight=False, markup=False)
+
+
+def kernel_db_command(out: Path, *, model: str, gpu: str, tp: int, dtype: str | None, engine: str,
+                      engine_version: str | None, block_size: int, limits: dict, data_parallel: int,
+                      expert_parallel: bool, draft: str | None, draft_vocab_size: int | None,
+                      allreduce: str) -> str:
+    """The ``cbsim calibrate --from-kernel-db`` command that builds this table again (metadata
+    ``provenance.command``): the options as given, those left at their default omitted, ``--out`` as
+    given (relative to the folder it was run from). tests/test_shipped_tables.py runs each shipped
+    table's command and compares what it builds with the committed table."""
+    import shlex
+
+    opts: list[tuple[str, object]] = [("--gpu", gpu), ("--model", model)]
+    opts += [(flag, value) for flag, value, default in (
+        ("--tp", tp, 1), ("--data-parallel", data_parallel, 1), ("--dtype", dtype, None),
+        ("--engine", engine, "vllm"), ("--engine-version", engine_version, None),
+        ("--block-size", block_size, 16), ("--allreduce", allreduce, "custom"), ("--draft", draft, None),
+        ("--draft-vocab-size", draft_vocab_size, None),
+        *((f"--{k.replace('_', '-')}", v, None) for k, v in limits.items())) if value != default]
+    words = ["cbsim", "calibrate", "--from-kernel-db"]
+    for flag, value in opts:
+        words += [flag, str(value)]
+    if expert_parallel:
+        words.append("--expert-parallel")
+    return shlex.join([*words, "--out", str(out)])
 
 
 def calibrate_from_llmservingsim(bundle: Path, out: Path, *, tp: int, model: str | None,

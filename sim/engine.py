@@ -440,8 +440,6 @@ class Replica:
             reserved[-1], stored[-1] = policy.kv_tokens_reserved_and_used()
         self.stretches += 1
         self.stretch_steps += k
-        if type(times) is list:  # a short stretch priced in floats (_prepare_stretch): the recorder takes arrays
-            times, dts, flops, bytes_ = (np.array(v, dtype=np.float64) for v in (times, dts, flops, bytes_))
         crossed = waiting_before is not None and waiting_before != waiting  # arrivals in the last step
         steps.extend_decodes(times, dts, running, waiting_before if crossed else waiting, b, kv_used,
                              policy.cpu_blocks_used(), reserved, stored, flops, bytes_, len(finishing),

@@ -48,12 +48,19 @@ def test_the_columns_give_the_specs_of_the_list(monkeypatch):
         cols[300]
 
 
-@pytest.mark.parametrize("columns", [False, True])
-def test_a_run_gives_the_same_frames_with_or_without_its_records_kept(monkeypatch, columns):
+@pytest.mark.parametrize("columns,flush", [(False, None), (True, None), (True, 7)])
+def test_a_run_gives_the_same_frames_with_or_without_its_records_kept(monkeypatch, columns, flush):
     """``sim.run`` (compact: records made on arrival and let go at their end; the workload as
-    columns or a list) against a Simulation that keeps every record, policy by policy."""
+    columns or a list) against a Simulation that keeps every record, policy by policy. ``flush``:
+    the compact run's table writes its pending rows every 7 ended requests, during the run (the
+    records kept are written at the end, in one flush)."""
+    from sim.metrics import request_table
+
     _columns(monkeypatch, columns)
+    if flush:
+        monkeypatch.setattr(request_table, "_FLUSH_ROWS", flush)
     res = runner.run(_pressure())
+    monkeypatch.setattr(request_table, "_FLUSH_ROWS", 10**9)
     scn = load_scenario(_pressure())
     dep = resolve(scn)
     specs = build_workload(scn)

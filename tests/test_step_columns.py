@@ -5,10 +5,11 @@ requests are three million steps, and the bytes per step are the run's memory)."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from policies.base import StepPlan
 from sim.latency.base import step_shape
-from sim.metrics.steps import STEP_COLUMNS, ReplicaSteps, merge_steps_frame
+from sim.metrics.steps import STEP_COLUMNS, STORED_COLUMNS, ReplicaSteps, merge_steps_frame
 
 
 class _Policy:
@@ -55,7 +56,8 @@ def test_a_count_past_int32_widens_the_replica_and_keeps_every_row():
     steps.extend_decodes(
         times, np.full(k, 0.5), 4, 0, 4, [8] * k, 0, [2**33] * k, [9] * k, np.full(k, 50.0), np.full(k, 60.0)
     )
-    assert len(steps) == 5 and all(len(c) == 5 for c in steps.columns.values())
+    assert len(steps) == 5 and all(len(steps.column(c)) == 5 for c in STORED_COLUMNS)
+    assert all(c.typecode == "q" for c in steps.runs.values())  # the stretch's counts widened too
     frame = merge_steps_frame([steps])
     assert frame["kv_reserved_tokens"].dtype == np.int64
     assert frame["kv_reserved_tokens"].tolist() == [1000, 2**31 + 5] + [2**33] * k
@@ -72,3 +74,53 @@ def test_replicas_of_both_widths_merge_to_int64_by_end_time():
     assert frame["replica"].tolist() == [0, 1, 0]
     assert frame["kv_reserved_tokens"].dtype == np.int64
     assert frame["kv_reserved_tokens"].tolist() == [10, 2**32, 11]
+
+
+def _decode_rows(steps: ReplicaSteps, times, running, waiting, b, kv, cpu, reserved, used, flops, bytes_,
+                 finished=0, running_after=None, last_waiting=None):
+    """The rows ``extend_decodes`` stands for, written one by one through ``append``."""
+    k = len(times) - 1
+    plan = StepPlan(scheduled=[None] * b, num_new_tokens=[1] * b, context=[9] * b)
+    shape = step_shape(plan)
+    for j in range(k):
+        last = j == k - 1
+        pol = _Policy(running_after if last and finished else running, 0)
+        pol.num_waiting = last_waiting if last and last_waiting is not None else waiting
+        pol.kv_tokens_reserved_and_used = lambda j=j: (reserved[j], used[j])
+        pol.kv_blocks_used = lambda j=j: kv[j]
+        pol.cpu_blocks_used = lambda: cpu
+        steps.append(times[j + 1], times[j], times[j + 1] - times[j], pol, shape, plan, finished if last else 0,
+                     flops[j], bytes_[j])
+
+
+def test_stretches_kept_once_give_the_frame_of_rows_written_one_by_one():
+    """A stretch writes only the columns that change per step; the frame lays its constant
+    columns (running, waiting, batch, CPU blocks, finishes in its last row, zeros) over its rows
+    as if every row had been appended, between rows scheduled alone, lists or arrays alike."""
+    kept, rows = ReplicaSteps(0), ReplicaSteps(0)
+    for steps in (kept, rows):
+        _row(steps, 0.0, 100)
+    t1 = [0.5, 0.75, 1.0, 1.5]
+    kept.extend_decodes(t1, [0.25, 0.25, 0.5], 4, 2, 4, [5, 6, 7], 3, [40, 44, 48], [39, 43, 47],
+                        [1.5, 2.5, 3.5], [10.0, 11.0, 12.0], 2, 2)
+    _decode_rows(rows, t1, 4, 2, 4, [5, 6, 7], 3, [40, 44, 48], [39, 43, 47], [1.5, 2.5, 3.5], [10.0, 11.0, 12.0],
+                 2, 2)
+    t2 = np.array([1.5, 2.0, 2.25])
+    kept.extend_decodes(t2, np.diff(t2), 2, 1, 2, [7, 7], 0, [50, 52], [49, 51], np.array([4.0, 5.0]),
+                        np.array([13.0, 14.0]))
+    kept.set_last_waiting(6)  # an arrival in the stretch's last step
+    _decode_rows(rows, t2, 2, 1, 2, [7, 7], 0, [50, 52], [49, 51], [4.0, 5.0], [13.0, 14.0], last_waiting=6)
+    for steps in (kept, rows):
+        _row(steps, 2.25, 101)
+    steps.set_last_waiting(9)
+    kept.set_last_waiting(9)  # on a row scheduled alone
+    assert len(kept.columns["running"]) == 2  # the stretches' rows are not stored per row
+    a, b = merge_steps_frame([kept]), merge_steps_frame([rows])
+    assert len(a) == 7 and a.dtypes.tolist() == b.dtypes.tolist()
+    assert a.equals(b)
+    assert a["finished"].tolist() == [0, 0, 0, 2, 0, 0, 0] and a["running"].tolist() == [2, 4, 4, 2, 2, 2, 2]
+    assert a["waiting"].tolist() == [3, 2, 2, 2, 1, 6, 9]
+    # the laid-out columns replace the stepped rows' storage (no second copy), and are kept
+    assert len(kept.columns["running"]) == 0 and merge_steps_frame([kept]).equals(a)
+    with pytest.raises(TypeError):  # rows are final once a frame was built: no row lands misplaced
+        _row(kept, 3.0, 102)

@@ -44,29 +44,34 @@ _INT_FIELDS = (
 _FLOAT_FIELDS = ("arrival_s", "admitted_s", "first_token_s", "finish_s", "kv_load_s")
 
 
+_FLUSH_ROWS = 4096  # rows written at once (RequestTable.write keeps them as tuples until then)
+
+
 class RequestTable:
-    """``n`` requests' figures, row ``i`` for the ``i``-th request added to the recorder."""
+    """``n`` requests' figures, row ``i`` for the ``i``-th request added to the recorder.
+
+    :meth:`write` keeps each row as two tuples and writes them into the columns a few thousand at
+    once (one NumPy assignment per column, not one per field and request); every reader of the
+    columns (the attributes below) writes the rows pending first."""
 
     def __init__(self, n: int, ids: list) -> None:
         """``ids``: every request's id, in row order, taken when the table is made (while every
         record is still held)."""
         self.n = n
         # np.empty: pages become resident as rows are written (every row is, before any frame)
-        self.ints = {f: np.empty(n, dtype=np.int32) for f in _INT_FIELDS}
-        self.floats = {f: np.empty(n, dtype=np.float64) for f in _FLOAT_FIELDS}
-        self.state = np.empty(n, dtype=np.uint8)
-        self.refused = np.empty(n, dtype=bool)
-        self.opened = np.empty(n, dtype=bool)  # handed to a replica (its token runs index its steps)
-        self.written = np.zeros(n, dtype=bool)
+        self._ints = {f: np.empty(n, dtype=np.int32) for f in _INT_FIELDS}
+        self._floats = {f: np.empty(n, dtype=np.float64) for f in _FLOAT_FIELDS}
+        self._state = np.empty(n, dtype=np.uint8)
+        self._refused = np.empty(n, dtype=bool)
+        self._opened = np.empty(n, dtype=bool)  # handed to a replica (its token runs index its steps)
+        self._written = np.zeros(n, dtype=bool)
         # the frame's id column as pandas infers it from the list, but built now: the ids' str
         # objects then go with their specs (kept, they would hold the specs' memory pages too)
         self.ids = pd.array(ids, dtype="str") if all(type(i) is str for i in ids) else ids
-        self.reasons: list = [None] * n
-        self.closed_runs: dict[int, list[tuple[int, int]]] = {}  # broken runs: (first step, tokens)
-        # bound setters of the hot write (one request at its end)
-        ints, floats = self.ints, self.floats
-        self._set_ints = tuple(ints[f].__setitem__ for f in _INT_FIELDS)
-        self._set_floats = tuple(floats[f].__setitem__ for f in _FLOAT_FIELDS)
+        self._reasons: list = [None] * n
+        self._closed_runs: dict[int, list[tuple[int, int]]] = {}  # broken runs: (first step, tokens)
+        self._pending_ints: list[tuple] = []  # (row, the int fields...) per row written, not yet flushed
+        self._pending_rest: list[tuple] = []  # (the float fields..., state, refused, opened)
 
     def write(self, i: int, rec) -> None:
         """Row ``i`` from a record (``rec.spec`` as it stands: a closed loop stamps its send)."""
@@ -76,7 +81,8 @@ class RequestTable:
             generated, preemptions, swaps = req.num_output_tokens, req.num_preemptions, req.num_swaps
         else:
             generated, preemptions, swaps = rec._generated, rec._preemptions, rec._swaps
-        values = (
+        self._pending_ints.append((
+            i,
             rec.replica,
             s.prompt_tokens,
             s.output_tokens,
@@ -94,35 +100,76 @@ class RequestTable:
             rec.tier_hit_tokens,
             rec.run_step,
             rec.run_tok,
-        )
-        try:
-            for setter, v in zip(self._set_ints, values):
-                setter(i, v)
-        except OverflowError:  # a count past 2**31 (a huge max_tokens): that column in 8 bytes
-            self._widen(values)
-            for setter, v in zip(self._set_ints, values):
-                setter(i, v)
-        for setter, v in zip(
-            self._set_floats, (s.arrival_s, rec.admitted_s, rec.first_token_s, rec.finish_s, rec.kv_load_s)
-        ):
-            setter(i, v)
-        self.written[i] = True
-        self.state[i] = _CODE[rec.state]
-        self.refused[i] = rec.refused
-        self.opened[i] = rec.steps is not None
-        self.reasons[i] = rec.reason
+        ))
+        self._pending_rest.append((s.arrival_s, rec.admitted_s, rec.first_token_s, rec.finish_s, rec.kv_load_s,
+                                   _CODE[rec.state], rec.refused, rec.steps is not None))
+        self._reasons[i] = rec.reason
         if rec.runs:
-            self.closed_runs[i] = list(rec.runs)
-        else:
-            self.closed_runs.pop(i, None)
+            self._closed_runs[i] = list(rec.runs)
+        elif self._closed_runs:
+            self._closed_runs.pop(i, None)
+        if len(self._pending_ints) >= _FLUSH_ROWS:
+            self.flush()
 
-    def _widen(self, values) -> None:
-        for f, v in zip(_INT_FIELDS, values):
-            col = self.ints[f]
-            if col.dtype == np.int32 and not -(2**31) <= v < 2**31:
-                self.ints[f] = col.astype(np.int64)
-        ints = self.ints
-        self._set_ints = tuple(ints[f].__setitem__ for f in _INT_FIELDS)
+    def flush(self) -> None:
+        """Write the rows kept by :meth:`write` into the columns (in the order written: a row
+        written twice keeps its last values)."""
+        if not self._pending_ints:
+            return
+        ints = np.array(self._pending_ints, dtype=np.int64)  # past 2**63: OverflowError, as before
+        rest = np.array(self._pending_rest, dtype=np.float64)
+        self._pending_ints, self._pending_rest = [], []
+        rows = ints[:, 0]
+        for j, f in enumerate(_INT_FIELDS, 1):
+            col, values = self._ints[f], ints[:, j]
+            if col.dtype == np.int32 and (values.min() < -(2**31) or values.max() >= 2**31):
+                col = self._ints[f] = col.astype(np.int64)  # a count past 2**31 (a huge max_tokens)
+            col[rows] = values
+        for j, f in enumerate(_FLOAT_FIELDS):
+            self._floats[f][rows] = rest[:, j]
+        m = len(_FLOAT_FIELDS)
+        self._state[rows] = rest[:, m]
+        self._refused[rows] = rest[:, m + 1] != 0
+        self._opened[rows] = rest[:, m + 2] != 0
+        self._written[rows] = True
+
+    @property
+    def ints(self) -> dict[str, np.ndarray]:
+        self.flush()
+        return self._ints
+
+    @property
+    def floats(self) -> dict[str, np.ndarray]:
+        self.flush()
+        return self._floats
+
+    @property
+    def state(self) -> np.ndarray:
+        self.flush()
+        return self._state
+
+    @property
+    def refused(self) -> np.ndarray:
+        self.flush()
+        return self._refused
+
+    @property
+    def opened(self) -> np.ndarray:
+        self.flush()
+        return self._opened
+
+    @property
+    def written(self) -> np.ndarray:
+        self.flush()
+        return self._written
+
+    @property
+    def reasons(self) -> list:
+        return self._reasons
+
+    @property
+    def closed_runs(self) -> dict[int, list[tuple[int, int]]]:
+        return self._closed_runs
 
     def state_names(self) -> list[str]:
         return [STATES[c] for c in self.state.tolist()]

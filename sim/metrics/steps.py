@@ -69,30 +69,94 @@ def _raw(values) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=np.float64).view(np.uint8)
 
 
+# columns written for every row (a stretch's steps differ in them), and those a stretch of
+# pure-decode steps holds constant (or zero) over its rows, kept once per stretch
+_DENSE_COLUMNS = ("start_s", "duration_s", "kv_blocks_used", "kv_reserved_tokens", "kv_used_tokens", "flops",
+                  "bytes")
+_SPARSE_COLUMNS = tuple(c for c in STORED_COLUMNS if c not in _DENSE_COLUMNS)
+# a stretch's rows: sparse column -> its field of the stretch table for every row but the last,
+# and for the last (absent: 0)
+_STRETCH_FIELDS = {
+    "running": ("running", "running_last"),
+    "waiting": ("waiting", "waiting_last"),
+    "num_seqs": ("num_seqs", "num_seqs"),
+    "decode_tokens": ("num_seqs", "num_seqs"),
+    "batch_tokens": ("num_seqs", "num_seqs"),
+    "cpu_blocks_used": ("cpu", "cpu"),
+    "finished": (None, "finished"),
+}
+_RUN_FIELDS = ("first", "running", "running_last", "waiting", "waiting_last", "num_seqs", "cpu", "finished", "k")
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+    The stepped rows' arrays grew in the heap during the run; freed when their columns are laid
+    out, they leave holes the heap keeps (about 30 MB at 300k requests) at the run's memory peak,
+    the summary's, which comes after."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
 class ReplicaSteps:
-    """One replica's step rows: a typed column per stored field, and each step's end time."""
+    """One replica's step rows: typed columns, and each step's end time.
+
+    A step scheduled alone (:meth:`append`) writes every column. A stretch of ``k`` pure-decode
+    steps (:meth:`extend_decodes`) writes its ``k`` rows only in the columns that change from
+    step to step (times, durations, KV figures, FLOPs and bytes: ``_DENSE_COLUMNS``); the rest
+    are the same on every row of the stretch but its last (running, waiting, batch size, CPU
+    blocks, finishes) or zero, and are kept once per stretch in ``runs``. :meth:`column` lays
+    both out as one column of every row, in order: the frame is the same as if every row had
+    been written, for a fraction of the work and memory per stretched step."""
 
     def __init__(self, replica: int) -> None:
         self.replica = replica
         self.columns = {c: array("d" if c in _FLOAT_COLUMNS else "i") for c in STORED_COLUMNS}
         self.ends = array("d")  # the clock when each step ended: the time of its tokens
+        self.stepped = array("q")  # the row of each step written by append (the sparse columns' rows)
+        # one entry per stretch (extend_decodes): its first row and length, and its counts (4
+        # bytes, widened with the columns)
+        self.runs = {f: array("q" if f in ("first", "k") else "i") for f in _RUN_FIELDS}
         self.all_int = {c: True for c in _MAYBE_INT}
+        self._full: dict[str, np.ndarray] = {}  # sparse columns laid out over every row (column())
         self._bind()
 
     def _bind(self) -> None:
         cols = self.columns
         self._append = tuple(cols[c].append for c in STORED_COLUMNS[:-3])
+        runs = self.runs
+        self._run_append = tuple(runs[f].append for f in _RUN_FIELDS)
+        self._dense_ints = tuple(cols[c] for c in ("kv_blocks_used", "kv_reserved_tokens", "kv_used_tokens"))
+
+    def _rollback(self) -> None:
+        """Drop what a failed append or extend wrote: dense columns longer than ``ends``, sparse
+        columns longer than ``stepped``, stretch fields longer than their ``k``."""
+        n, m, r = len(self.ends), len(self.stepped), len(self.runs["k"])
+        for name, col in self.columns.items():
+            del col[n if name in _DENSE_COLUMNS else m:]
+        for col in self.runs.values():
+            del col[r:]
 
     def _widen(self) -> None:
-        """A count did not fit in 4 bytes: drop the row being appended (columns longer than
-        ``ends``) and make every int column 8 bytes wide."""
+        """A count did not fit in 4 bytes: drop the row being written and make every int column
+        8 bytes wide."""
         if all(col.typecode != "i" for col in self.columns.values()):
             raise OverflowError("a step count does not fit in 8 bytes")
-        n = len(self.ends)
-        for name, col in self.columns.items():
-            del col[n:]
-            if col.typecode == "i":
-                self.columns[name] = array("q", col)
+        self._rollback()
+        for table in (self.columns, self.runs):
+            for name, col in table.items():
+                if col.typecode == "i":
+                    table[name] = array("q", col)
         self._bind()
 
     def __len__(self) -> int:
@@ -134,6 +198,7 @@ class ReplicaSteps:
             self._add_maybe_int("flops", flops)
             self._add_maybe_int("bytes", bytes_)
             self.columns["swap_s"].append(swap_s)
+            self.stepped.append(len(self.ends))
             self.ends.append(end)
         except OverflowError:  # a count past 2**31: 8-byte columns from here on, and the row again
             self._widen()
@@ -145,51 +210,102 @@ class ReplicaSteps:
             self.all_int[name] = False
         self.columns[name].append(value)
 
-    def extend_decodes(self, times: np.ndarray, durations: np.ndarray, running: int, waiting: int,
+    def extend_decodes(self, times, durations, running: int, waiting: int,
                        num_seqs: int, kv_blocks_used, cpu_blocks_used: int, reserved, used,
-                       flops: np.ndarray, bytes_: np.ndarray, finished: int = 0,
+                       flops, bytes_, finished: int = 0,
                        running_after: int | None = None) -> None:
         """Rows of ``k`` pure-decode steps at once: ``times`` holds the clock before the first
         step and after each one (``k + 1`` values). ``finished`` requests end in the last step,
-        leaving ``running_after`` running."""
+        leaving ``running_after`` running. The float sequences are NumPy arrays or lists (a
+        short stretch priced in Python floats)."""
         try:
-            k = len(durations)
             cols = self.columns
-            cols["start_s"].frombytes(_raw(times[:-1]))
-            cols["duration_s"].frombytes(_raw(durations))
-            for name, value in (("running", running), ("waiting", waiting), ("num_seqs", num_seqs),
-                                ("decode_tokens", num_seqs), ("batch_tokens", num_seqs),
-                                ("cpu_blocks_used", cpu_blocks_used)):
-                cols[name].extend(array(cols[name].typecode, (value,)) * k)
-            zeros = array(cols["admitted"].typecode, (0,)) * k
-            for name in ("prefill_tokens", "padding_tokens", "admitted", "finished", "preempted",
-                         "rejected", "swap_out_blocks", "swap_in_blocks", "recomputed_tokens",
-                         "spec_proposed", "spec_accepted", "prefix_hit_tokens"):
-                cols[name].extend(zeros)
-            if finished:
-                cols["finished"][-1] = finished
-                cols["running"][-1] = running_after
-            cols["swap_s"].extend(array("d", (0.0,)) * k)
-            cols["kv_blocks_used"].extend(kv_blocks_used)
-            cols["kv_reserved_tokens"].extend(reserved)
-            cols["kv_used_tokens"].extend(used)
-            for name, values in (("flops", flops), ("bytes", bytes_)):
-                if values.dtype.kind == "f":
-                    self.all_int[name] = False
-                cols[name].frombytes(_raw(values))
-            self.ends.frombytes(_raw(times[1:]))
+            a_kv, a_res, a_used = self._dense_ints
+            a_kv.extend(kv_blocks_used)
+            a_res.extend(reserved)
+            a_used.extend(used)
+            (r_first, r_run, r_run_last, r_wait, r_wait_last, r_seqs, r_cpu, r_fin, r_k) = self._run_append
+            r_first(len(self.ends))
+            r_run(running)
+            r_run_last(running_after if finished else running)
+            r_wait(waiting)
+            r_wait_last(waiting)
+            r_seqs(num_seqs)
+            r_cpu(cpu_blocks_used)
+            r_fin(finished)
+            r_k(len(durations))
+            if type(times) is list:
+                cols["start_s"].extend(times[:-1])
+                cols["duration_s"].extend(durations)
+                for name, values in (("flops", flops), ("bytes", bytes_)):
+                    if self.all_int[name] and not all(type(v) is int for v in values):
+                        self.all_int[name] = False
+                    cols[name].extend(values)
+                self.ends.extend(times[1:])
+            else:
+                cols["start_s"].frombytes(_raw(times[:-1]))
+                cols["duration_s"].frombytes(_raw(durations))
+                for name, values in (("flops", flops), ("bytes", bytes_)):
+                    if values.dtype.kind == "f":
+                        self.all_int[name] = False
+                    cols[name].frombytes(_raw(values))
+                self.ends.frombytes(_raw(times[1:]))
         except OverflowError:  # a count past 2**31: 8-byte columns from here on, and the rows again
             self._widen()
             self.extend_decodes(times, durations, running, waiting, num_seqs, kv_blocks_used, cpu_blocks_used,
                                 reserved, used, flops, bytes_, finished, running_after)
 
+    def _stretch_rows(self):
+        """(every stretch row, in order; each stretch's last row; each stretch's length), as arrays."""
+        key = (len(self.ends), len(self.runs["k"]))
+        cached = getattr(self, "_layout", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        first = np.frombuffer(self.runs["first"], dtype=np.int64)
+        k = np.frombuffer(self.runs["k"], dtype=np.int64)
+        total = int(k.sum())
+        offsets = np.cumsum(k) - k  # where each stretch starts among the stretch rows
+        rows = np.arange(total, dtype=np.int64) + np.repeat(first - offsets, k)
+        layout = (rows, first + k - 1, k)
+        self._layout = (key, layout)
+        return layout
+
     def column(self, name: str) -> np.ndarray:
-        """The stored column as an array over its buffer (no copy; int32, int64 or float64)."""
+        """The column over every row (int32, int64 or float64): a view of its buffer (no copy)
+        for a column every row writes, an array laid out once (and kept in place of its stepped
+        rows) for one a stretch keeps once. The replica's rows are final from then on."""
         col = self.columns[name]
-        values = np.frombuffer(col, dtype=_NUMPY_OF[col.typecode])
-        if name in _MAYBE_INT and self.all_int[name] and (not len(values) or np.abs(values).max() < _EXACT_INT_FLOAT):
-            return values.astype(np.int64)
-        return values
+        dtype = _NUMPY_OF[col.typecode]
+        if name in _DENSE_COLUMNS:
+            values = np.frombuffer(col, dtype=dtype)
+            if name in _MAYBE_INT and self.all_int[name] and (
+                    not len(values) or np.abs(values).max() < _EXACT_INT_FLOAT):
+                return values.astype(np.int64)
+            return values
+        full = self._full.get(name)
+        if full is not None:
+            return full
+        out = np.zeros(len(self.ends), dtype=dtype)
+        out[np.frombuffer(self.stepped, dtype=np.int64)] = np.frombuffer(col, dtype=dtype)
+        fields = _STRETCH_FIELDS.get(name)
+        if fields is not None and len(self.runs["k"]):
+            rows, last, k = self._stretch_rows()
+            body, tail = fields
+            if body is not None:
+                body = self.runs[body]
+                out[rows] = np.repeat(np.frombuffer(body, dtype=_NUMPY_OF[body.typecode]), k)
+            tail = self.runs[tail]
+            out[last] = np.frombuffer(tail, dtype=_NUMPY_OF[tail.typecode])
+        # the column laid out replaces its stepped rows' storage (no second copy beside the frame's
+        # column); the rows are final: a later append or stretch fails instead of misplacing rows
+        self._full[name] = out
+        self.columns[name] = array(col.typecode)
+        self._append = self._run_append = self._dense_ints = None
+        if len(self._full) == len(_SPARSE_COLUMNS):  # every column laid out: the layout's arrays go
+            self._layout = None
+            self.stepped = array("q")
+            release_freed_memory()
+        return out
 
     def end_times(self) -> np.ndarray:
         return np.frombuffer(self.ends, dtype=np.float64)
@@ -197,7 +313,10 @@ class ReplicaSteps:
     def set_last_waiting(self, waiting: int) -> None:
         """The last row's ``waiting``: requests arrived during a stretch's last step queue after
         it only (``sim.engine.Replica._apply_stretch``; the rows before keep the count before)."""
-        self.columns["waiting"][-1] = waiting
+        if self.stepped and self.stepped[-1] == len(self.ends) - 1:
+            self.columns["waiting"][-1] = waiting
+        else:
+            self.runs["waiting_last"][-1] = waiting
 
 
 def merge_steps_frame(replicas) -> pd.DataFrame:

@@ -47,6 +47,15 @@ _FLOAT_FIELDS = ("arrival_s", "admitted_s", "first_token_s", "finish_s", "kv_loa
 _FLUSH_ROWS = 4096  # rows written at once (RequestTable.write keeps them as tuples until then)
 
 
+
+def _flushed(name: str) -> property:
+    """A column read through the table: rows still buffered are written first, so a reader never
+    sees a column without the requests that finished last."""
+    def read(self):
+        self.flush()
+        return getattr(self, name)
+    return property(read)
+
 class RequestTable:
     """``n`` requests' figures, row ``i`` for the ``i``-th request added to the recorder.
 
@@ -133,35 +142,12 @@ class RequestTable:
         self._opened[rows] = rest[:, m + 2] != 0
         self._written[rows] = True
 
-    @property
-    def ints(self) -> dict[str, np.ndarray]:
-        self.flush()
-        return self._ints
-
-    @property
-    def floats(self) -> dict[str, np.ndarray]:
-        self.flush()
-        return self._floats
-
-    @property
-    def state(self) -> np.ndarray:
-        self.flush()
-        return self._state
-
-    @property
-    def refused(self) -> np.ndarray:
-        self.flush()
-        return self._refused
-
-    @property
-    def opened(self) -> np.ndarray:
-        self.flush()
-        return self._opened
-
-    @property
-    def written(self) -> np.ndarray:
-        self.flush()
-        return self._written
+    ints = _flushed("_ints")
+    floats = _flushed("_floats")
+    state = _flushed("_state")
+    refused = _flushed("_refused")
+    opened = _flushed("_opened")
+    written = _flushed("_written")
 
     @property
     def reasons(self) -> list:

@@ -26,7 +26,8 @@ The output a ``console`` block shows is checked against what its commands print 
 every shown line must be a printed line, compared after collapsing whitespace and rich's box
 characters (a table row compares by its cells, whatever its column padding), with the block's
 ``sub`` rules applied to the shown lines too. Consecutive shown lines may be one printed line wrapped
-for the page (they are compared joined by a space), and a line ``...`` marks printed lines left out.
+for the page (they are compared joined by a space), a line ``...`` marks printed lines left out and a
+table cell ``...`` a column left out.
 The commands run with ``COLUMNS`` wide enough that rich prints every table whole, as a reader's
 terminal shows it. So a figure shown goes stale loudly: the failure names the page, the block, the
 shown line and the closest printed one.
@@ -262,29 +263,30 @@ def _console_output(text: str) -> list[str]:
 
 
 def normalise(line: str) -> str:
-    """A line as compared: rich's vertical box characters as one cell separator, every other box
+    """A line as compared: rich's vertical box characters as one cell separator ``│``, every other box
     character dropped, whitespace runs collapsed, separators at the ends dropped. A table row then
-    reads ``cell | cell | ...`` whatever its column widths; a border line reads as nothing."""
+    reads ``cell │ cell │ ...`` whatever its column widths and header style; a border line reads as
+    nothing; an ASCII ``|`` is text."""
     for ch in _CELL_SEP:
-        line = line.replace(ch, " | ")
-    line = _BOX.sub(" ", line)
+        line = line.replace(ch, "\0")
+    line = _BOX.sub(" ", line).replace("\0", " │ ")
     line = " ".join(line.split())
-    line = re.sub(r"^(?:\| ?)+|(?: ?\|)+$", "", line).strip()
-    return line
+    return re.sub(r"^(?:│ ?)+|(?: ?│)+$", "", line).strip()
 
 
 def unprinted_lines(shown: list[str], printed: str) -> list[tuple[str, str]]:
     """The shown output lines that are not printed lines, each with the closest printed line.
 
     Consecutive shown lines that are not printed one by one pass when joined by a space they are one
-    printed line (a long line wrapped for the page); a line ``...`` stands for printed lines left out;
-    lines of box characters only (borders) and blank lines are not compared."""
+    printed line (a long line wrapped for the page); a line ``...`` stands for printed lines left out,
+    a cell ``...`` for one column; lines of box characters only (borders) and blank lines are not
+    compared."""
     lines = [normalise(x) for x in printed.splitlines()]
     have = {x for x in lines if x}
     wanted = [x for x in (normalise(s) for s in shown) if x and x not in ("...", "…")]
     bad, i = [], 0
     while i < len(wanted):
-        if wanted[i] in have:
+        if wanted[i] in have or _elided_cells_match(wanted[i], have):
             i += 1
             continue
         for j in range(i + 1, min(i + 8, len(wanted))):
@@ -296,6 +298,16 @@ def unprinted_lines(shown: list[str], printed: str) -> list[tuple[str, str]]:
             bad.append((wanted[i], close[0] if close else "(the command printed nothing)"))
             i += 1
     return bad
+
+
+def _elided_cells_match(shown: str, have: set[str]) -> bool:
+    """A table row shown with a cell ``...`` (a column left out for the page's width) matches a printed
+    row with any one cell there and every other cell equal."""
+    cells = shown.split(" │ ")
+    if "..." not in cells or len(cells) < 2:
+        return False
+    pattern = re.compile(" │ ".join("[^│]*" if c == "..." else re.escape(c) for c in cells))
+    return any(pattern.fullmatch(x) for x in have)
 
 
 def _adapt_output(text: str, directives) -> str:
@@ -396,6 +408,7 @@ def test_console_output_check_fails_on_a_line_not_printed():
         "│ vllm-v1 │    1 │              77 │\n"
         "└─────────┴──────┴─────────────────┘\n"
         "vllm-v1: a note long enough that the page wraps it\n"
+        "mean |rel| 2.8%\n"
     )
     block = (
         "$ cbsim capacity \"a\n"
@@ -405,17 +418,21 @@ def test_console_output_check_fails_on_a_line_not_printed():
         "...\n"
         "vllm-v1: a note long enough\n"
         "that the page wraps it\n"
+        "mean\n"
+        "|rel| 2.8%\n"
     )
     shown = _console_output(block)
     assert shown[0].startswith("│ policy")  # the continuation of the quoted command is not output
     assert unprinted_lines(shown, printed) == []
     stale = block.replace("│ 77 │", "│ 78 │")
-    assert unprinted_lines(_console_output(stale), printed) == [("vllm-v1 | 1 | 78", "vllm-v1 | 1 | 77")]
+    assert unprinted_lines(_console_output(stale), printed) == [("vllm-v1 │ 1 │ 78", "vllm-v1 │ 1 │ 77")]
     assert unprinted_lines(["vllm-v1: a note long enough"], printed)  # a fragment is not a line
     assert unprinted_lines(["77"], printed)  # nor is one cell
+    assert unprinted_lines(["│ vllm-v1 │ ... │ 77 │"], printed) == []  # a column left out
+    assert unprinted_lines(["│ vllm-v1 │ ... │ 78 │"], printed)
     message = _mismatch_message("p.md:3", block, unprinted_lines(_console_output(stale), printed))
-    assert "p.md:3" in message and "shown:           vllm-v1 | 1 | 78" in message
-    assert "closest printed: vllm-v1 | 1 | 77" in message and "output-not-verbatim" in message
+    assert "p.md:3" in message and "shown:           vllm-v1 │ 1 │ 78" in message
+    assert "closest printed: vllm-v1 │ 1 │ 77" in message and "output-not-verbatim" in message
 
 
 def test_a_stale_console_block_fails_its_page(tmp_path):

@@ -44,6 +44,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -461,7 +462,12 @@ def build_one(args) -> tuple[tuple, str, str]:
         return key, "", (kind + str(exc).split(" at /")[0])[:240]
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     write_table(tmp, comp.table)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another bench process built the same table first: the same key, the same table
+        if not out.is_dir():
+            raise
+        shutil.rmtree(tmp)
     return key, str(out), ""
 
 

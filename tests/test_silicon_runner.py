@@ -131,3 +131,26 @@ def test_the_code_digest_follows_the_code_not_its_comments_or_docstrings(tmp_pat
     assert sa.results_digest() == before
     src.write_text('def step(d):\n    return d + 2\n')
     assert sa.results_digest() != before
+
+
+def test_two_bench_processes_building_one_table_both_get_it(tmp_path, monkeypatch):
+    """Two bench runs sharing bench/.cache may compose the same table at once: the one that
+    finishes second finds the folder already there (rename fails with "Directory not empty") and
+    must return that table, not crash, and leave no temporary folder behind."""
+    import bench.silicon_accuracy as sa
+    from bench.silicon_accuracy import Row, build_one, classify
+
+    monkeypatch.setattr(sa, "CACHE", tmp_path)
+    row = Row(id="r", engine="vllm", version="0.12.0", model="nvidia/Llama-3.1-8B-Instruct-FP8", system="h200_sxm",
+              precision="fp8", tp=8, isl=1000, osl=100, concurrency=8, ttft_ms=1.0, tpot_ms=1.0)
+    classify([row])
+    assert not row.skip, row.skip
+    first = build_one((row.table_key, "d"))
+    assert first[1] and not first[2], first
+    out = sa.table_dir(row.table_key, "d")
+    (out / "metadata.json").rename(out / "metadata.moved")  # this process did not see the first's table
+    (out / "metadata.moved").with_name("keep").write_text("first")  # the folder is not empty
+    second = build_one((row.table_key, "d"))
+    assert second == first
+    assert (out / "keep").read_text() == "first"  # the first process's table is the one kept
+    assert sorted(p.name for p in tmp_path.joinpath("d").iterdir()) == [out.name]

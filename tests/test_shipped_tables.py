@@ -17,7 +17,6 @@ and the same metadata except ``date`` and ``corpus_error`` (stamped afterwards b
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import re
@@ -25,6 +24,8 @@ import shlex
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import require_aic
 
 REPO = Path(__file__).resolve().parents[1]
 TABLES = REPO / "calib" / "tables"
@@ -104,10 +105,9 @@ def test_table_differences_sees_one_row_moved_by_a_millionth(tmp_path):
     assert diffs[1] == "metadata.json 'prefill_attn_launch_s' differs"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
-                    reason="the kernel database is the optional extra cbsim[gpu-data]")
 @pytest.mark.parametrize("name", [t.name for t in kernel_db_tables()])
 def test_the_shipped_table_is_what_its_recorded_command_builds(name, tmp_path, monkeypatch):
+    require_aic()  # the kernel database is the optional extra cbsim[gpu-data]: fails on CI without it
     from typer.testing import CliRunner
 
     from calib.sources.kernel_db import package_version

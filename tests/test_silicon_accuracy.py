@@ -3,13 +3,17 @@ and the group statistics it prints (the replay itself is the bench's job, not a 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
-                                reason="the corpus ships with the optional extra cbsim[gpu-data]")
+from tests.helpers import require_aic
+
+
+@pytest.fixture(autouse=True)
+def _corpus_installed():
+    """The corpus ships with the optional extra cbsim[gpu-data]: skipped without it, failed on CI."""
+    require_aic()
 
 
 def _row(**kw):

@@ -112,7 +112,7 @@ def test_stretches_kept_once_give_the_frame_of_rows_written_one_by_one():
     _decode_rows(rows, t2, 2, 1, 2, [7, 7], 0, [50, 52], [49, 51], [4.0, 5.0], [13.0, 14.0], last_waiting=6)
     for steps in (kept, rows):
         _row(steps, 2.25, 101)
-    steps.set_last_waiting(9)
+    rows.set_last_waiting(9)
     kept.set_last_waiting(9)  # on a row scheduled alone
     assert len(kept.columns["running"]) == 2  # the stretches' rows are not stored per row
     a, b = merge_steps_frame([kept]), merge_steps_frame([rows])

@@ -24,6 +24,10 @@ import typer
 
 from sim.cli.app import app
 
+# options' defaults, read by the options below and by kernel_db_command, which leaves an option at
+# its default out of the recorded command: one place, so a recorded command always rebuilds its table
+DEFAULTS = {"tp": 1, "data_parallel": 1, "engine": "vllm", "block_size": 16, "allreduce": "custom"}
+
 
 @app.command("calibrate")
 def calibrate_cmd(
@@ -49,12 +53,12 @@ def calibrate_cmd(
                                              "(needs --gpu and --model; pip install 'cbsim[gpu-data]')"),
     gpu: str = typer.Option(None, "--gpu", help="with --from-kernel-db: h100-sxm, h200, a100-80gb, l40s, b200, "
                                                 "rtx-pro-6000 (or AIConfigurator's system names)"),
-    engine: str = typer.Option("vllm", "--engine", help="with --from-kernel-db: the engine the kernels were measured "
+    engine: str = typer.Option(DEFAULTS["engine"], "--engine", help="with --from-kernel-db: the engine the kernels were measured "
                                                         "in: vllm, sglang or trtllm"),
     engine_version: str = typer.Option(None, "--engine-version",
                                        help="with --from-kernel-db: the engine version's measurements (default: "
                                             "the database's current one, e.g. vllm 0.24.0)"),
-    allreduce: str = typer.Option("custom", "--allreduce", help="with --from-kernel-db --tp > 1: the all-reduce "
+    allreduce: str = typer.Option(DEFAULTS["allreduce"], "--allreduce", help="with --from-kernel-db --tp > 1: the all-reduce "
                                   "kernel the engine runs: custom (its own peer-to-peer kernel, as AIConfigurator "
                                   "prices it) or nccl (the database's NCCL rows: TensorRT-LLM falls back to NCCL "
                                   "without peer access or NVLink; docs/trtllm.md)"),
@@ -66,18 +70,18 @@ def calibrate_cmd(
                                                     "speculative.draft_table"),
     draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="with --draft: rows of the head's LM "
                                          "head (default: the model's vocabulary for eagle, 32000 for eagle3)"),
-    data_parallel: int = typer.Option(1, "--data-parallel", help="with --from-kernel-db: data-parallel attention "
+    data_parallel: int = typer.Option(DEFAULTS["data_parallel"], "--data-parallel", help="with --from-kernel-db: data-parallel attention "
                                       "ranks of an MoE model, stepping together for the experts (the scenario's "
                                       "hardware.data_parallel)"),
     expert_parallel: bool = typer.Option(False, "--expert-parallel", help="with --from-kernel-db: experts split "
                                          "over tp × data-parallel GPUs, dispatch and combine priced from the "
                                          "engine's communication rows (hardware.expert_parallel)"),
     device: str = typer.Option("cpu", "--device", help="with --model: cpu or cuda"),
-    tp: int = typer.Option(1, "--tp", help="tensor-parallel degree (with --model one shard is timed, without "
+    tp: int = typer.Option(DEFAULTS["tp"], "--tp", help="tensor-parallel degree (with --model one shard is timed, without "
                                            "all-reduces; with --from-llmservingsim the bundle's tp<N>/)"),
     dtype: str = typer.Option(None, "--dtype", help="with --model: fp32, bf16 or fp16 (default: the model's); with "
                                             "--from-kernel-db: bf16, fp16 or fp8"),
-    block_size: int = typer.Option(16, "--block-size", help="with --model: tokens per KV block"),
+    block_size: int = typer.Option(DEFAULTS["block_size"], "--block-size", help="with --model: tokens per KV block"),
     max_num_batched_tokens: int = typer.Option(None, "--max-num-batched-tokens",
                                                help="with --model: largest step (tokens) the grid covers "
                                                     "(default: cpu 512, cuda 8192)"),
@@ -314,9 +318,10 @@ def kernel_db_command(out: Path, *, model: str, gpu: str, tp: int, dtype: str | 
 
     opts: list[tuple[str, object]] = [("--gpu", gpu), ("--model", model)]
     opts += [(flag, value) for flag, value, default in (
-        ("--tp", tp, 1), ("--data-parallel", data_parallel, 1), ("--dtype", dtype, None),
-        ("--engine", engine, "vllm"), ("--engine-version", engine_version, None),
-        ("--block-size", block_size, 16), ("--allreduce", allreduce, "custom"), ("--draft", draft, None),
+        ("--tp", tp, DEFAULTS["tp"]), ("--data-parallel", data_parallel, DEFAULTS["data_parallel"]),
+        ("--dtype", dtype, None), ("--engine", engine, DEFAULTS["engine"]), ("--engine-version", engine_version, None),
+        ("--block-size", block_size, DEFAULTS["block_size"]), ("--allreduce", allreduce, DEFAULTS["allreduce"]),
+        ("--draft", draft, None),
         ("--draft-vocab-size", draft_vocab_size, None),
         *((f"--{k.replace('_', '-')}", v, None) for k, v in limits.items())) if value != default]
     words = ["cbsim", "calibrate", "--from-kernel-db"]

@@ -164,10 +164,13 @@ def test_without_chunking_the_first_context_that_overflows_the_budget_ends_the_p
     assert [(r.id, n) for r, n in zip(plan.scheduled, plan.num_new_tokens)] == [("r0", 40)]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("chunked", [False, True])
-def test_token_budget_and_batch_cap_hold_every_step(chunked):
+def test_token_budget_and_batch_cap_hold_every_step(chunked, overlap):
+    """With and without the overlap scheduler (which only delays when a request enters)."""
     limits = _limits(blocks=400, block=16, seqs=3, budget=64)
-    policy = _recording(make_policy("trtllm", limits, disable_overlap_scheduler=True, tokens_per_block=16, enable_chunked_prefill=chunked))
+    policy = _recording(make_policy("trtllm", limits, disable_overlap_scheduler=not overlap, tokens_per_block=16,
+                                    enable_chunked_prefill=chunked))
     rows = [(i // 3, 20 + 7 * i % 40, 5 + i % 9, 20, 0, i % 2, 8) for i in range(20)]
     checker = drive(policy, make_requests(rows), limits)
     assert all(r.status is Status.FINISHED for r in checker.requests.values())

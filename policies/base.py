@@ -299,6 +299,17 @@ class Policy:
     def has_work(self) -> bool:
         return self.num_running > 0 or self.num_waiting > 0
 
+    # --- attention data parallelism (optional) -----------------------------------------------
+    # Ranks of one MoE model step together (sim.lockstep.LockstepGroup). A policy whose engine
+    # decides per iteration, over all ranks, whether the ranks' context requests run returns that
+    # rule here (an object with ``release(counts) -> bool``); the group then asks each rank with
+    # work to ``propose()`` its (contexts, generations) and, when the rule says no, to
+    # ``hold_contexts()`` before it schedules.
+    def adp_balance(self):
+        """The group's context-balance rule, None when the engine has none (every policy but
+        TensorRT-LLM's with ``attention_dp_enable_balance``)."""
+        return None
+
     # --- speculative decoding (optional) ----------------------------------------------------
     # A policy that can schedule draft tokens sets ``supports_speculation``. The engine turns it
     # on once (``enable_speculation``); from then on a plan's ``spec_tokens`` says how many draft

@@ -53,8 +53,7 @@ class LockstepGroup:
         for rank in ranks:
             rank.group = self
             rank.fast_forward = False
-        rule = getattr(ranks[0].policy, "adp_balance", None)
-        self.balance = rule() if rule is not None else None  # the module docstring, "Balance"
+        self.balance = ranks[0].policy.adp_balance()  # the module docstring, "Balance"
         self.process = env.process(self.loop())
 
     def balance_contexts(self) -> None:

@@ -21,6 +21,9 @@ class _Rank:
     def has_work(self) -> bool:
         return self.left > 0
 
+    def adp_balance(self):  # its policy has no balance rule (policies.base.Policy's default)
+        return None
+
     def plan_step(self, start):
         return ((self.dt,), False) if self.left else (None, False)
 

@@ -144,9 +144,12 @@ def test_a_server_that_dies_mid_run_leaves_what_was_measured(capsys, tmp_path, s
     with FakeServer(die_after=5, step_s=0.001) as server:
         code, _, err = run_cli(capsys, "observe", scenario, "--url", server.url, "--out", run, "-q")
     assert code == 1
-    assert "error: the run is incomplete: the server stopped answering" in err
+    # which the client sees first depends on timing (a loaded machine): a new request refused, or a
+    # stream that was open when the server dropped it; both are the server gone (client.ServerGone)
+    gone = ("the server stopped answering", "a stream broke off")
+    assert any(f"error: the run is incomplete: {why}" in err for why in gone), err
     doc = json.loads(run.read_text())
-    assert doc["complete"] is False and doc["incomplete_reason"].startswith("the server stopped answering")
+    assert doc["complete"] is False and doc["incomplete_reason"].startswith(gone)
     measured = {r["id"] for r in doc["requests"]}
     unmeasured = {u["id"]: u for u in doc["unmeasured_requests"]}
     assert len(measured) + len(unmeasured) == 12 and 1 <= len(measured) <= 5

@@ -28,6 +28,7 @@ their experts are priced by ``kernel_db_moe``).
     .venv/bin/python bench/prefill_bounds.py --only h100_sxm --only _c8_ --only 1024x128
     .venv/bin/python bench/prefill_bounds.py --only h100_sxm_vllm --only llama_3_1_70b --lowest --ops
     .venv/bin/python bench/prefill_bounds.py --left /tmp/corpus/*.json [--clients 8]
+    .venv/bin/python bench/prefill_bounds.py --waves /tmp/qwen_aic.json
 
 ``--left REPORT.json ...`` reads ``bench/silicon_accuracy.py --phase opening --json`` reports instead
 and prints what the opening-wave model leaves of each row's TTFT (measured − simulated), by group,
@@ -36,6 +37,14 @@ length: a term of the prefill clock is the same at every output length and scale
 prompt's work; a closed loop in which fewer requests run than clients send (``M`` slots for ``N``
 clients, each request waiting ``(N / M − 1) × E2E``) grows with the output, at ``d left / d OSL =
 (N / M − 1) × TPOT``, so each line also prints the slope and the ``M`` it implies.
+
+``--waves REPORT.json ...`` reads reports of any ``--phase`` and prints, by group, layout and
+prompt length, the measured mean TTFT over three of the simulated ones at each client count
+(median over the output lengths): ``wave``, every client's first request sent at once and
+prefilled as the engine takes them (the report's ``first_round``); ``warm``, the waves cbsim's loop
+keeps after that round (``warm_steady``); the report's own phase (``sim_ttft_ms``). Where the
+excess is waiting behind other prompts' prefills, these say how bunched the real clients were:
+1.0 against ``wave`` is every round an opening wave (issue #29, docs/trtllm.md).
 """
 
 from __future__ import annotations
@@ -246,6 +255,63 @@ def print_left(reports: list[Path], clients: int | None) -> int:
     return 0
 
 
+WAVE_COLUMNS = (("wave", "first_round"), ("warm", "warm_steady"), ("phase", None))
+
+
+def wave_ratios(reports: list[Path]) -> list[dict]:
+    """Each report row's measured mean TTFT over the simulated ``first_round``, ``warm_steady`` and
+    the report's own phase (None where the report lacks one), with its lengths and clients (from the
+    corpus CSV, by id)."""
+    import json
+
+    import bench.silicon_accuracy as sa
+
+    meta = {r.id: r for r in sa.read_rows()}
+    out = []
+    for path in reports:
+        for r in json.loads(Path(path).read_text(encoding="utf-8"))["rows"]:
+            if r.get("error") or r["id"] not in meta:
+                continue
+            m, ex = meta[r["id"]], r.get("extra") or {}
+            sims = {label: r["sim_ttft_ms"] if key is None else (ex.get(key) or {}).get("ttft_ms")
+                    for label, key in WAVE_COLUMNS}
+            out.append({"group": r["group"], "layout": r.get("layout", f"tp{m.tp}"), "isl": m.isl, "osl": m.osl,
+                        "clients": m.concurrency,
+                        "ratio": {k: r["ttft_ms"] / v if v else None for k, v in sims.items()}})
+    return out
+
+
+def wave_lines(rows: list[dict]) -> list[dict]:
+    """:func:`wave_ratios`' rows, one line per group, layout and prompt length: for each column the
+    median ratio over the output lengths at each client count."""
+    lines = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rows:
+        for label, v in r["ratio"].items():
+            if v is not None:
+                lines[(r["group"], r["layout"], r["isl"])][label][r["clients"]].append(v)
+    out = []
+    for (group, layout, isl), cols in sorted(lines.items()):
+        out.append({"group": group, "layout": layout, "isl": isl,
+                    "ratio": {label: {n: sorted(vs)[len(vs) // 2] for n, vs in sorted(cols[label].items())}
+                              for label, _ in WAVE_COLUMNS if label in cols}})
+    return out
+
+
+def print_waves(reports: list[Path]) -> int:
+    lines = wave_lines(wave_ratios(reports))
+    if not lines:
+        print("no rows")
+        return 1
+    print(f"{'group (GPU engine model)':48s} {'layout':8s} {'ISL':>5s}   measured / simulated mean TTFT by clients")
+    for ln in lines:
+        cells = "   ".join(f"{label} " + " ".join(f"{n}:{v:.2f}" for n, v in by.items())
+                           for label, by in ln["ratio"].items())
+        print(f"{ln['group'][:48]:48s} {ln['layout']:8s} {ln['isl']:5d}   {cells}")
+    print("\nwave: every client's first request sent at once (the report's first_round); warm: the waves cbsim's "
+          "loop keeps after it;\nphase: the report's own --phase; median over the output lengths")
+    return 0
+
+
 def main(argv=None) -> int:
     import bench.silicon_accuracy as sa
 
@@ -253,12 +319,16 @@ def main(argv=None) -> int:
     ap.add_argument("--left", nargs="+", type=Path, default=None, metavar="REPORT.json",
                     help="print what `--phase opening` reports leave of each row's TTFT, by output length")
     ap.add_argument("--clients", type=int, default=None, help="with --left: this client count (default: lowest)")
+    ap.add_argument("--waves", nargs="+", type=Path, default=None, metavar="REPORT.json",
+                    help="print each report row's measured TTFT over its simulated opening wave, kept waves and phase")
     ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
     ap.add_argument("--lowest", action="store_true", help="only each group's rows at its lowest concurrency")
     ap.add_argument("--ops", action="store_true", help="also print every operator's table and floor times")
     args = ap.parse_args(argv)
     if args.left:
         return print_left(args.left, args.clients)
+    if args.waves:
+        return print_waves(args.waves)
     rows = sa.select(sa.read_rows(), args.only)
     sa.classify(rows)
     priced = [r for r in rows if not r.skip and not r.moe_path]

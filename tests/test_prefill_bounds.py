@@ -123,3 +123,46 @@ def test_slots_short_runs_k_requests_fewer_than_the_clients():
     assert scenario_of(row, "t", 4)["engine"]["max_num_seqs"] == 7
     row.slots_short = 20
     assert scenario_of(row, "t", 4)["engine"]["max_num_seqs"] == 1
+
+
+def test_wave_lines_take_each_client_counts_median_over_the_output_lengths():
+    """bench/prefill_bounds.py --waves: one line per group, layout and prompt length; per column and
+    client count the median of the rows' ratios over the output lengths (the upper of two, as
+    ``--left``); a column a report lacks (None) is left out of that row's medians, not counted as zero."""
+    from bench.prefill_bounds import wave_lines
+
+    def row(osl, clients, wave, warm, phase, isl=1024):
+        return {"group": "g", "layout": "tp1", "isl": isl, "osl": osl, "clients": clients,
+                "ratio": {"wave": wave, "warm": warm, "phase": phase}}
+
+    rows = [row(128, 8, 0.9, 1.6, 3.0), row(256, 8, 1.1, None, 2.0), row(512, 8, 1.0, 1.8, 2.5),
+            row(128, 16, 0.5, 1.7, 2.9), row(128, 8, 0.4, 0.3, 0.2, isl=4096)]
+    lines = wave_lines(rows)
+    assert [(ln["isl"], ln["ratio"]) for ln in lines] == [
+        (1024, {"wave": {8: 1.0, 16: 0.5}, "warm": {8: 1.8, 16: 1.7}, "phase": {8: 2.5, 16: 2.9}}),
+        (4096, {"wave": {8: 0.4}, "warm": {8: 0.3}, "phase": {8: 0.2}}),
+    ]
+
+
+@needs_db
+def test_wave_ratios_divide_the_measured_ttft_by_each_simulated_one(tmp_path):
+    """A report row's measured TTFT over its ``first_round``, ``warm_steady`` and own-phase TTFT, its
+    lengths and clients read from the corpus by id; a row without a ``warm_steady`` gets None there."""
+    import json
+
+    import bench.silicon_accuracy as sa
+    from bench.prefill_bounds import wave_ratios
+
+    meta = next(r for r in sa.read_rows() if r.id.endswith("_1024x128_c8_tp1_epnone_1") and r.engine == "trtllm")
+    rows = [{"id": meta.id, "group": "g", "layout": "tp1", "ttft_ms": 300.0, "sim_ttft_ms": 100.0,
+             "extra": {"first_round": {"ttft_ms": 300.0}, "warm_steady": {"ttft_ms": 150.0}}},
+            {"id": meta.id, "group": "g", "layout": "tp1", "ttft_ms": 300.0, "sim_ttft_ms": 120.0,
+             "extra": {"first_round": {"ttft_ms": 250.0}}},
+            {"id": "not-in-the-corpus", "group": "g", "ttft_ms": 1.0, "sim_ttft_ms": 1.0}]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"phase": "random", "rows": rows}))
+    got = wave_ratios([path])
+    assert [(r["isl"], r["osl"], r["clients"], r["ratio"]) for r in got] == [
+        (1024, 128, 8, {"wave": 1.0, "warm": 2.0, "phase": 3.0}),
+        (1024, 128, 8, {"wave": 1.2, "warm": None, "phase": 2.5}),
+    ]

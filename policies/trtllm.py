@@ -674,7 +674,9 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
     def propose(self) -> tuple[int, int]:
         """The capacity and micro-batch schedulers' output for this iteration, kept for
         :meth:`schedule`: (context requests, generation requests), what ``_balance_adp_requests``
-        all-gathers. Nothing is allocated yet (TensorRT-LLM's ``prepare_resources`` runs after)."""
+        all-gathers. No KV is allocated for them yet (``prepare_resources`` runs after the balance);
+        MAX_UTILIZATION's pauses have happened (its capacity pass frees the paused requests' KV),
+        as in TensorRT-LLM, where the capacity scheduler runs before the balance too."""
         self._fetch()
         plan = StepPlan()
         fitting = self._capacity_no_evict() if self.no_evict else self._capacity_max_utilization(plan)
@@ -683,21 +685,17 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         return len(contexts), len(gens)
 
     def hold_contexts(self) -> None:
-        """The balance holds this iteration's context requests: only the generation requests run."""
-        if self._proposed is not None:
-            plan, _, gens = self._proposed
-            self._proposed = (plan, [], gens)
+        """The balance holds this iteration's context requests: only the generation requests run
+        (the group asks only the ranks that proposed)."""
+        plan, _, gens = self._proposed
+        self._proposed = (plan, [], gens)
 
     # --- one iteration ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        if self._proposed is not None:  # propose() ran this iteration (a lockstep group's balance)
-            plan, contexts, gens = self._proposed
-            self._proposed = None
-        else:
-            self._fetch()
-            plan = StepPlan()
-            fitting = self._capacity_no_evict() if self.no_evict else self._capacity_max_utilization(plan)
-            contexts, gens = self._micro_batch(fitting)
+        if self._proposed is None:  # no lockstep group's balance proposed this iteration
+            self.propose()
+        plan, contexts, gens = self._proposed
+        self._proposed = None
         kv, B = self.kv, self.B
         for r, n in contexts:
             if r.num_computed_tokens == 0:  # first chunk: reuse, then allocate (add_sequence)

@@ -310,6 +310,13 @@ class Policy:
         TensorRT-LLM's with ``attention_dp_enable_balance``)."""
         return None
 
+    def join_lockstep(self, peers: list[Policy]) -> None:
+        """Told once by the group: every rank's policy, this one included. An engine whose ranks
+        share a decision (TensorRT-LLM fetches new requests for all ranks at once) reads them."""
+
+    def idle_iteration(self) -> None:
+        """The group ran an iteration in which this rank scheduled nothing (its dummy forward)."""
+
     # --- speculative decoding (optional) ----------------------------------------------------
     # A policy that can schedule draft tokens sets ``supports_speculation``. The engine turns it
     # on once (``enable_speculation``); from then on a plan's ``spec_tokens`` says how many draft

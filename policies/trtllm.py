@@ -334,7 +334,8 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         self._proposed: tuple[StepPlan, list, list] | None = None  # propose(): the scheduler's output
         # the overlap scheduler (module doc, item 5): requests not yet fetched, with the step they may enter
         self.overlap = not bool(k["disable_overlap_scheduler"])
-        self._steps = 0  # steps scheduled so far (non-empty plans)
+        self._steps = 0  # iterations run so far (non-empty plans; a lockstep rank's idle ones too)
+        self._peers: tuple[TrtllmPolicy, ...] = (self,)  # the attention-DP ranks that fetch together
         self._in_flight = False  # a scheduled step has not finished yet
         self._unfetched: deque[tuple[int, Request]] = deque()
 
@@ -387,13 +388,21 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             return
         req.status = Status.WAITING
         req.policy_state = HANDOFF if req.num_computed_tokens else False
-        if self.overlap and (self._in_flight or self.active or self.queue):
+        if self.overlap and any(p._in_flight or p.active or p.queue for p in self._peers):
             # the overlap loop (py_executor.py _executor_loop_overlap) fetches the requests of step
             # k + 1 when step k starts on the GPU: one arriving while step k runs, or as it ends,
-            # enters step k + 2 (the next step scheduled without it)
+            # enters step k + 2 (the next step scheduled without it). Under attention DP the fetch
+            # is the ranks' together (_fetch_new_requests sums the active requests of all ranks):
+            # a request for an idle rank of a busy group waits for it too.
             self._unfetched.append((self._steps + 1, req))
             return
         self._enter(req)
+
+    def join_lockstep(self, peers: list[Policy]) -> None:
+        self._peers = tuple(peers)
+
+    def idle_iteration(self) -> None:
+        self._steps += 1  # a rank's dummy iteration counts: the fetch's step numbers are the group's
 
     def _enter(self, req: Request) -> None:
         if len(self.active) < self.max_batch:
@@ -402,11 +411,17 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             self.queue.append(req)
 
     def _fetch(self) -> None:
-        """The overlap scheduler's fetch: requests whose step has come join the waiting queue; with
-        nothing started (an idle executor blocks in its fetch until a request comes) all of them."""
+        """The overlap scheduler's fetch: requests whose step has come join the waiting queue. An
+        idle executor (nothing started on any rank) blocks in its fetch until a request comes and
+        then takes every request queued, every rank's under attention DP; the first rank to fetch
+        in an iteration sees the group as it was when the iteration began."""
+        if all(not p._started and not any(r.policy_state for r in p.active) for p in self._peers):
+            for p in self._peers:
+                while p._unfetched:
+                    p._enter(p._unfetched.popleft()[1])
+            return
         pending = self._unfetched
-        idle = not self._started and not any(r.policy_state for r in self.active)
-        while pending and (idle or pending[0][0] <= self._steps):
+        while pending and pending[0][0] <= self._steps:
             self._enter(pending.popleft()[1])
 
     def _reject(self, req: Request, reason: str) -> None:

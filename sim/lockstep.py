@@ -54,6 +54,8 @@ class LockstepGroup:
             rank.group = self
             rank.fast_forward = False
         self.balance = ranks[0].policy.adp_balance()  # the module docstring, "Balance"
+        for rank in ranks:
+            rank.policy.join_lockstep([r.policy for r in ranks])
         self.process = env.process(self.loop())
 
     def balance_contexts(self) -> None:
@@ -100,6 +102,10 @@ class LockstepGroup:
                 self.wake = env.event()
                 yield self.wake
                 continue
+            stepping = {id(rank) for rank, _ in planned}
+            for rank in ranks:
+                if id(rank) not in stepping:
+                    rank.policy.idle_iteration()
             dt = self.step_seconds(planned)
             for rank, _ in planned:
                 rank.busy_until = start + dt

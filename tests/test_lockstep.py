@@ -24,6 +24,12 @@ class _Rank:
     def adp_balance(self):  # its policy has no balance rule (policies.base.Policy's default)
         return None
 
+    def join_lockstep(self, peers) -> None:
+        pass
+
+    def idle_iteration(self) -> None:
+        pass
+
     def plan_step(self, start):
         return ((self.dt,), False) if self.left else (None, False)
 

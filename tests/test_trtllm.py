@@ -310,3 +310,36 @@ def test_overlap_scheduler_lets_an_idle_engine_take_a_request_at_once():
             policy.add_request(Request("b", 0.0, 8, 1, seq=1))
 
     assert _first_step_of(policy, "b", arrive) == 2
+
+
+def test_under_attention_dp_a_request_for_an_idle_rank_of_a_busy_group_waits_for_the_groups_fetch():
+    """Two attention-DP ranks fetch together (``_fetch_new_requests`` sums the active requests of
+    every rank): rank 0 decodes A; B, for the idle rank 1, arrives during group iteration 2 and
+    enters iteration 4, as it would on rank 0, not iteration 3 as on a lone idle engine. Once
+    every rank is idle, a request enters the next iteration."""
+    limits = _limits(blocks=200)
+    ranks = [make_policy("trtllm", limits, tokens_per_block=4) for _ in range(2)]
+    for p in ranks:
+        p.join_lockstep(ranks)
+    ranks[0].add_request(Request("a", 0.0, 8, 6, seq=0))
+    entered = {}
+    for k in range(1, 12):  # one group iteration: every rank with work schedules, the others idle
+        plans = [p.schedule() if p.has_work() else None for p in ranks]
+        for p, plan in zip(ranks, plans):
+            if plan is None or plan.is_empty:
+                p.idle_iteration()
+            else:
+                for r in plan.scheduled:
+                    entered.setdefault(r.id, k)
+        if k == 2:  # during the step
+            ranks[1].add_request(Request("b", 0.0, 8, 1, seq=1))
+        for p, plan in zip(ranks, plans):
+            if plan is not None and not plan.is_empty:
+                done = [r for r in emit_tokens(plan) if r.num_output_tokens >= r.max_tokens]
+                for r in done:
+                    r.status = Status.FINISHED
+                p.finish_step(plan, done)
+        if k == 7:  # a (6 tokens: iterations 1-6) and b are done: the group is idle
+            assert not any(p.has_work() for p in ranks)
+            ranks[1].add_request(Request("c", 0.0, 8, 1, seq=2))
+    assert entered == {"a": 1, "b": 4, "c": 8}

@@ -21,6 +21,11 @@ class TraceError(CbsimError):
     """A trace file is missing, empty or malformed."""
 
 
+class SettingIgnored(UserWarning):
+    """A setting the scenario gives that cannot act in this deployment (the run goes on without
+    it): the warning names the setting and what it needs."""
+
+
 def nearest(word: str, choices) -> str:
     """' (did you mean X?)' for the closest choice, or '' when nothing is close."""
     match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.5)

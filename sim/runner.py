@@ -113,6 +113,16 @@ def run_policy(dep: Deployment, entry, specs, on_progress: Callable[[int], None]
             and knobs.get("enable_prefix_caching") is False):
         raise CbsimError(f"policy {entry.label or entry.name!r}: KV offloading finds blocks by their prefix hash, so it "
                          f"needs enable_prefix_caching on; set kv_offload: false on that entry or turn caching on")
+    if knobs.get("attention_dp_enable_balance") and dep.lockstep <= 1:
+        import warnings
+
+        from sim.errors import SettingIgnored
+
+        warnings.warn(SettingIgnored(
+            f"policy {entry.label or entry.name!r}: attention_dp_enable_balance does nothing here: it balances the "
+            f"ranks of an attention-DP group, which needs an MoE model and hardware.data_parallel > 1 (model "
+            f"{dep.model.name!r}, data_parallel {dep.data_parallel}); drop the knob or set hardware.data_parallel"),
+            stacklevel=2)
     speculation = speculation_for(dep, entry)  # policies[].speculative: drafts scheduled, drafter priced
     if speculation is not None:
         limits = speculation.limits(limits, dep)  # the drafter's weights and KV share the GPU

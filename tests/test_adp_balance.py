@@ -125,3 +125,16 @@ def test_with_balance_a_timed_out_context_runs_alone():
                         "attention_dp_batching_wait_iters": 0})).steps
     cols = ["replica", "start_s", "duration_s", "prefill_tokens", "decode_tokens"]
     assert off[cols].equals(on[cols])
+
+
+def test_balance_without_an_attention_dp_group_warns_that_it_does_nothing():
+    """One rank (data_parallel 1) has no group to balance: the run says so and runs as without it."""
+    from sim.errors import SettingIgnored
+
+    scn = _scenario({"attention_dp_enable_balance": True}, dp=1)
+    scn.workload.num_requests = 40
+    with pytest.warns(SettingIgnored, match="attention_dp_enable_balance does nothing here.*data_parallel 1"):
+        on = run(scn)
+    plain = _scenario({}, dp=1)
+    plain.workload.num_requests = 40
+    assert on.steps.equals(run(plain).steps)

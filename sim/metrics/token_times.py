@@ -55,9 +55,17 @@ def flat_times_of_runs(replicas, starts: np.ndarray, lengths: np.ndarray) -> np.
     total = int(lengths.sum())
     if total == 0:
         return np.zeros(0)
-    run_off = np.cumsum(lengths) - lengths
-    idx = np.arange(total, dtype=np.int64) + np.repeat(starts - run_off, lengths)
-    return all_end_times(replicas)[idx]
+    # each run's times are one slice of the end times, copied into place: the output is the only
+    # token-sized array (an index array laid out by arange + repeat took three more, and fresh
+    # pages cost more than the copy: 0.4-0.9 s of the Azure replay's frame on a VM, against
+    # about 20 ms for 19k slices)
+    ends = all_end_times(replicas)
+    out = np.empty(total, dtype=ends.dtype)
+    at = 0
+    for first, n in zip(starts.tolist(), lengths.tolist()):
+        out[at:at + n] = ends[first:first + n]
+        at += n
+    return out
 
 
 def itl_stats_from_runs(replicas, records) -> dict:

@@ -143,7 +143,9 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray, percentiles) -> dict
     if n == 0:
         return {"mean": None, **{f"p{p}": None for p in percentiles}}
     out = {"mean": float(np.dot(values, weights.astype(np.float64)) / n)}
-    order = np.argsort(values, kind="stable")
+    # any sort will do: equal values are interchangeable, so the k-th smallest element is the
+    # same whichever order ties take (the default sort took 17 ms for 500k gaps, "stable" 72)
+    order = np.argsort(values)
     v = values[order]
     cum = weights[order]
     del order

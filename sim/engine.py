@@ -187,7 +187,7 @@ class Replica:
                         if prepared is not None:
                             self.busy_until = env.now + prepared[0]
                             yield env.timeout(prepared[0])
-                            self._apply_stretch(*prepared[1:])  # nothing reads or moves the batch meanwhile
+                            self._apply_stretch(*prepared[1:])
                             continue
             plan = policy.schedule()
             for req in plan.rejected:
@@ -306,9 +306,9 @@ class Replica:
             prepared = self._prepare_stretch(batch, context, t)
             if prepared is None:
                 break
-            d, batch, k, times, dts, flops, bytes_, waiting, due = prepared
+            d, batch, k, times, dts, flops, bytes_, waiting = prepared
             crossed = waiting is not None
-            finishing = self._apply_stretch(batch, k, times, dts, flops, bytes_, None, due, crossed)
+            finishing = self._apply_stretch(batch, k, times, dts, flops, bytes_, None, crossed)
             delay = d
             if crossed:
                 return delay, True, finishing
@@ -350,29 +350,14 @@ class Replica:
             return None
         # steps that can end before the bound, and with ``cross`` the one after them
         k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1 + cross)
-        # no request may finish before the stretch's last step: stop at the first one's last token.
-        # The same pass finds what _apply_stretch needs: the requests whose last token is the
-        # k-th (``due``: they end if k stays), and whether each one's run of tokens just goes on
-        # (``plain``: no first token, no gap since its last; else _apply_stretch visits the batch)
+        # no request may finish before the stretch's last step: stop at the first one's last token
         records = self.records
-        step = len(self.steps)
-        plain = True
-        due = []
         for req in batch:
-            rec = records[req.id]
-            out = req.num_output_tokens
-            margin = rec.finish_at - out
-            if margin <= k:
-                if margin < k:
-                    k = margin
-                    if k < least:
-                        return None
-                    due = [req]
-                else:
-                    due.append(req)
-            if plain and (out == 0 or step - rec.run_step != out - rec.run_tok):
-                plain = False
-        k_due = k
+            margin = records[req.id].finish_at - req.num_output_tokens
+            if margin < k:
+                k = margin
+                if k < least:
+                    return None
         k = self.policy.decode_stretch_limit(batch, k)
         if k < least:
             return None
@@ -414,34 +399,30 @@ class Replica:
             if k < MIN_STRETCH:
                 return None
         waiting = self.policy.num_waiting if crossing else None  # the rows before the arrival's
-        finishing = (due if k == k_due else []) if plain else None
-        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting, finishing
+        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting
 
-    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before, finishing=None,
-                       defer_ends=False):
+    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before, defer_ends=False):
         """The stretch's steps on the policy, the records and the step rows; the requests that
         finish in its last step end here, or with ``defer_ends`` are returned for the caller to
-        end. ``finishing``: those requests in batch order when every one's run of tokens goes on
-        (``_prepare_stretch`` found them); None: found here, in a pass that also starts or breaks runs."""
+        end."""
         policy, records, steps = self.policy, self.records, self.steps
+        step = len(steps)  # the stretch's first step on this replica
         last_time = float(times[k])
-        if finishing is None:
-            step = len(steps)  # the stretch's first step on this replica
-            first_time = None
-            finishing = []
-            for req in batch:
-                out = req.num_output_tokens
-                rec = records[req.id]
-                if out == 0:  # a 1-token prompt remainder: its first token comes with the first step
-                    if first_time is None:
-                        first_time = float(times[1])
-                    rec.first_token_s = first_time
-                    rec.run_step = step
-                    rec.run_tok = 0
-                elif step - rec.run_step != out - rec.run_tok:
-                    rec.break_run(step, out)
-                if out + k >= rec.finish_at:  # only in the last step (see _prepare_stretch)
-                    finishing.append(req)
+        first_time = None
+        finishing = []
+        for req in batch:
+            out = req.num_output_tokens
+            rec = records[req.id]
+            if out == 0:  # a 1-token prompt remainder: its first token comes with the first step
+                if first_time is None:
+                    first_time = float(times[1])
+                rec.first_token_s = first_time
+                rec.run_step = step
+                rec.run_tok = 0
+            elif step - rec.run_step != out - rec.run_tok:
+                rec.break_run(step, out)
+            if out + k >= rec.finish_at:  # only in the last step (see _prepare_stretch)
+                finishing.append(req)
         kv_used, reserved, stored = policy.advance_decodes(batch, k)
         b = len(batch)  # batch may be the policy's own running list: finish_step changes it
         running, waiting = policy.num_running, policy.num_waiting

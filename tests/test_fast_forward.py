@@ -313,6 +313,25 @@ def test_every_policy_runs_the_same_with_fast_forward_on_and_off(name):
     assert_same_run(on, off)
 
 
+@pytest.mark.parametrize("name", sorted(n for n, cls in POLICIES.items() if not cls.finish_step_reads_plan))
+def test_a_policy_that_reads_no_finish_plan_reads_none(name, monkeypatch):
+    """``Policy.finish_step_reads_plan = False`` lets a stretch's last step pass an empty plan to
+    ``finish_step``: one that fails on any read proves the claim (the run still equals the stepped one)."""
+    import sim.engine
+
+    class Unread:
+        def __getattribute__(self, attr):
+            raise AssertionError(f"{name}.finish_step read plan.{attr} after a stretch")
+
+    monkeypatch.setattr(sim.engine, "UNREAD_PLAN", Unread())
+    specs = workload(13, n=80, max_prompt=300, max_out=150)
+    limits = EngineLimits(block_size=16, num_gpu_blocks=400, num_cpu_blocks=200, max_num_seqs=16,
+                          max_num_batched_tokens=512, max_model_len=1024)
+    on = simulate(name, specs, limits, fast_forward=True)
+    assert on[3] > 100  # stretches ran (and ended requests in their last steps)
+    assert_same_run(on, simulate(name, specs, limits, fast_forward=False))
+
+
 def test_environment_variable_turns_fast_forward_off(monkeypatch):
     specs = workload(1, n=40)
     monkeypatch.setenv("CBSIM_NO_FAST_FORWARD", "1")

@@ -119,7 +119,7 @@ def itl_stats_of_runs(replicas, starts: np.ndarray, lengths: np.ndarray, counts:
     long_runs = lengths > 1
     np.add.at(weight, starts[long_runs], 1)
     np.add.at(weight, starts[long_runs] + lengths[long_runs] - 1, -1)
-    weight = np.cumsum(weight)[: max(n_steps - 1, 0)]
+    weight = np.cumsum(weight, out=weight)[: max(n_steps - 1, 0)]  # in place: one step-sized array fewer
     gaps = np.diff(ends) if n_steps > 1 else np.zeros(0)
     # gaps between the runs of one request: previous run's last token to next run's first (in
     # record order, then run order; zero between the tokens of a speculative step's burst)
@@ -130,8 +130,10 @@ def itl_stats_of_runs(replicas, starts: np.ndarray, lengths: np.ndarray, counts:
         j = np.flatnonzero(has_next)
         cross = ends[starts[j + 1]] - ends[starts[j] + lengths[j] - 1]
     keep = weight > 0
-    values = np.concatenate([gaps[keep], np.asarray(cross, dtype=np.float64)])
-    weights = np.concatenate([weight[keep], np.ones(len(cross), dtype=np.int64)])
+    values, weights = gaps[keep], weight[keep]
+    if len(cross):  # else no copy of both (fresh pages cost more than the copy)
+        values = np.concatenate([values, np.asarray(cross, dtype=np.float64)])
+        weights = np.concatenate([weights, np.ones(len(cross), dtype=np.int64)])
     # step-sized temporaries go before the sort's own: a long run's peak memory is here
     del starts, lengths, counts, ends, weight, gaps, cross, keep, long_runs
     return weighted_stats(values, weights, PERCENTILES)

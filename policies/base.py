@@ -365,6 +365,9 @@ class Policy:
     # deliver an arrival that falls inside a stretch's last step after applying the whole stretch,
     # finishes included (sim.engine: a stretch's steps are still all scheduled before it)
     stretch_past_arrivals = False
+    # False: ``finish_step`` reads nothing of its plan, so after a stretch the engine passes an
+    # empty one instead of building the last step's (the batch, its tokens and contexts)
+    finish_step_reads_plan = True
 
     def decode_stretch(self) -> tuple[list[Request], int] | None:
         """``(batch, context)`` if the next step is certain to be a *pure decode* and so is every

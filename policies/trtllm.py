@@ -222,6 +222,7 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         f"{TRTLLM_MAX_BATCH_SIZE} / max_num_tokens {TRTLLM_MAX_NUM_TOKENS} on every device"
     )
     kv_sizing = "trtllm"  # sim/hardware/trtllm_kv.py sizes the pool (free_gpu_memory_fraction)
+    finish_step_reads_plan = False  # it releases the finished requests and reads no plan
     KNOBS = {
         "capacity_scheduler_policy": Knob(
             "GUARANTEED_NO_EVICT",

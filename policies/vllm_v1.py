@@ -68,6 +68,7 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
     # add_request only queues the request (or marks it rejected for the next schedule): it reads
     # nothing a decode step changes, so a stretch's last step may contain an arrival
     stretch_past_arrivals = True
+    finish_step_reads_plan = False  # it releases the finished requests and reads no plan
     summary = (
         f"vLLM V1 ({VLLM_RELEASE}): token budget, running requests first, chunked prefill, "
         "full-prompt admission gate, LIFO recompute preemption, paged KV with prefix caching"

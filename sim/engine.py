@@ -75,6 +75,9 @@ Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 MAX_STRETCH = 4096  # steps fast-forwarded at once at most (bounds the arrays of one stretch)
 MIN_STRETCH = 2  # shorter stretches are stepped normally
 SHORT_STRETCH = 48  # stretches up to this many steps are priced in Python floats, longer ones with NumPy
+# what a stretch's last step hands finish_step for a policy that reads no plan there
+# (Policy.finish_step_reads_plan): one empty plan, not the batch's lists built again
+UNREAD_PLAN = StepPlan()
 
 
 def fast_forward_default() -> bool:
@@ -428,7 +431,8 @@ class Replica:
         running, waiting = policy.num_running, policy.num_waiting
         if finishing:  # the last step ends these requests, as a single step would
             last = StepPlan(scheduled=list(batch), num_new_tokens=[1] * b,
-                            context=[r.num_computed_tokens - 1 for r in batch])
+                            context=[r.num_computed_tokens - 1 for r in batch]) \
+                if policy.finish_step_reads_plan else UNREAD_PLAN
             for req in finishing:
                 req.status = Status.FINISHED
                 records[req.id].finish_s = last_time

@@ -313,6 +313,25 @@ def test_every_policy_runs_the_same_with_fast_forward_on_and_off(name):
     assert_same_run(on, off)
 
 
+@pytest.mark.parametrize("name", sorted(n for n, cls in POLICIES.items() if not cls.finish_step_reads_plan))
+def test_a_policy_that_reads_no_finish_plan_reads_none(name, monkeypatch):
+    """``Policy.finish_step_reads_plan = False`` lets a stretch's last step pass an empty plan to
+    ``finish_step``: one that fails on any read proves the claim (the run still equals the stepped one)."""
+    import sim.engine
+
+    class Unread:
+        def __getattribute__(self, attr):
+            raise AssertionError(f"{name}.finish_step read plan.{attr} after a stretch")
+
+    monkeypatch.setattr(sim.engine, "UNREAD_PLAN", Unread())
+    specs = workload(13, n=80, max_prompt=300, max_out=150)
+    limits = EngineLimits(block_size=16, num_gpu_blocks=400, num_cpu_blocks=200, max_num_seqs=16,
+                          max_num_batched_tokens=512, max_model_len=1024)
+    on = simulate(name, specs, limits, fast_forward=True)
+    assert on[3] > 100  # stretches ran (and ended requests in their last steps)
+    assert_same_run(on, simulate(name, specs, limits, fast_forward=False))
+
+
 def test_environment_variable_turns_fast_forward_off(monkeypatch):
     specs = workload(1, n=40)
     monkeypatch.setenv("CBSIM_NO_FAST_FORWARD", "1")
@@ -526,6 +545,37 @@ def test_itl_from_runs_equals_itl_from_every_token_time():
         assert np.array_equal(np.asarray(r.token_times), requests["token_times_s"][i])
         assert np.array_equal(rec.token_times(i), requests["token_times_s"][i])
         assert len(r.token_times) == r.generated
+        assert not requests["token_times_s"][i].flags.writeable  # views shared by requests of a step
+
+
+def test_each_request_token_times_are_its_runs_over_every_replica_end_times():
+    """``times_per_request``: a request of one run gets a slice of the end times laid end to end
+    (replica after replica), one of several runs its runs joined in order, one of none an empty
+    array; each equal to the flattened times of its runs."""
+    from sim.metrics.token_times import flat_times_of_runs, times_per_request
+
+    class Steps:  # a replica's end times, as sim.metrics.steps.ReplicaSteps gives them
+        def __init__(self, ends):
+            self.ends = np.asarray(ends, dtype=np.float64)
+
+        def __len__(self):
+            return len(self.ends)
+
+        def end_times(self):
+            return self.ends
+
+    for replicas in ([Steps([0.5, 1.0, 1.5, 2.0, 2.5])], [Steps([0.5, 1.0, 1.5]), Steps([0.7, 1.1, 1.6, 2.2])]):
+        # request 0: steps 0-2; 1: none; 2: steps 1 and 3-4 (two runs); 3: step 4
+        starts, lengths, counts = (np.array(a, dtype=np.int64) for a in ([0, 1, 3, 4], [3, 1, 2, 1], [1, 0, 2, 1]))
+        got = times_per_request(replicas, starts, lengths, counts)
+        flat = flat_times_of_runs(replicas, starts, lengths)
+        bounds = np.concatenate(([0], np.cumsum([3, 0, 3, 1])))
+        assert len(got) == 4 and got.dtype == object
+        for i in range(4):
+            assert got[i].dtype == np.float64 and not got[i].flags.writeable
+            assert np.array_equal(got[i], flat[bounds[i]:bounds[i + 1]])
+        assert np.array_equal(got[2], np.concatenate([flat[3:4], flat[4:6]]))
+        assert all(s.ends.flags.writeable for s in replicas)  # the replicas' own buffers are not frozen
 
 
 def test_large_runs_leave_token_times_out_of_memory_and_keep_the_summary(monkeypatch, repo):

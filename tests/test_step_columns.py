@@ -65,6 +65,23 @@ def test_a_count_past_int32_widens_the_replica_and_keeps_every_row():
     assert frame["start_s"].tolist() == [0.0, 1.0, 2.0, 2.5, 3.0]
 
 
+def test_a_stretch_of_lists_past_int32_widens_and_keeps_every_row():
+    """A short stretch's values come as lists (``array.fromlist``: all or nothing); one that does
+    not fit in 4 bytes (the last step's reserved tokens) writes the stretch again in 8 bytes."""
+    steps = ReplicaSteps(0)
+    _row(steps, 0.0, 1000)
+    k = 3
+    steps.extend_decodes([1.0, 1.5, 2.0, 2.5], [0.5] * k, 4, 0, 4, [8, 8, 9], 0, [2**20, 2**20, 2**31 + 7],
+                         [9, 10, 11], [50.0] * k, [60, 61, 62])
+    assert len(steps) == 4 and all(len(steps.column(c)) == 4 for c in STORED_COLUMNS)
+    frame = merge_steps_frame([steps])
+    assert frame["kv_reserved_tokens"].dtype == np.int64
+    assert frame["kv_reserved_tokens"].tolist() == [1000, 2**20, 2**20, 2**31 + 7]
+    assert frame["kv_blocks_used"].tolist() == [7, 8, 8, 9] and frame["kv_used_tokens"].tolist() == [999, 9, 10, 11]
+    assert frame["start_s"].tolist() == [0.0, 1.0, 1.5, 2.0] and frame["duration_s"].tolist() == [0.5] * 4
+    assert frame["bytes"].tolist() == [2000.5, 60.0, 61.0, 62.0] and frame["flops"].tolist() == [100, 50, 50, 50]
+
+
 def test_replicas_of_both_widths_merge_to_int64_by_end_time():
     narrow, wide = ReplicaSteps(0), ReplicaSteps(1)
     _row(narrow, 0.0, 10)

@@ -457,8 +457,7 @@ class PagedKVManager:
         reqs = self._reqs
         n = len(batch)
         keys = []
-        for i in range(n):
-            r = batch[i]
+        for i, r in enumerate(batch):
             st = reqs[r] if sts is None else sts[i]
             c = r.num_computed_tokens
             end = c + k

@@ -17,7 +17,7 @@ DataFrame is built per step, and no Python object is made per step or per token.
 * Requests: each request's figures go to a :class:`sim.metrics.request_table.RequestTable` (one
   typed array per field), when it ends in a compact run (its record is then let go), else when a
   frame is built; ``requests_frame()`` is that table, one row per request; ``token_times_s`` holds every token's time as a
-  NumPy array, unless the run emitted more than ``token_times_limit`` tokens (default
+  read-only NumPy array (for a request of one run, a slice of the step end times), unless the run emitted more than ``token_times_limit`` tokens (default
   :data:`TOKEN_TIMES_LIMIT`, environment variable ``CBSIM_TOKEN_TIMES_LIMIT``): then the column is
   left out to keep memory bounded (8 bytes per token would be 1.7 GB for a million chat
   requests), and :meth:`Recorder.itl_stats` gives the inter-token-latency figures of the summary
@@ -41,7 +41,7 @@ import pandas as pd
 from sim.metrics.request_table import STATES, RequestTable
 from sim.metrics.requests import HORIZON_REACHED, RequestRecord, emit_step_tokens, explain_unfinished
 from sim.metrics.steps import STEP_COLUMNS, STORED_COLUMNS, ReplicaSteps, merge_steps_frame
-from sim.metrics.token_times import flat_times_of_runs, itl_stats_of_runs, weighted_stats
+from sim.metrics.token_times import flat_times_of_runs, itl_stats_of_runs, times_per_request, weighted_stats
 
 __all__ = [
     "HORIZON_REACHED", "KV_REQUEST_COLUMNS", "REQUEST_COLUMNS", "SPEC_REQUEST_COLUMNS", "STEP_COLUMNS", "STORED_COLUMNS", "TOKEN_TIMES_LIMIT", "Recorder",
@@ -192,7 +192,6 @@ class Recorder:
         run emitted at most ``token_times_limit`` tokens)."""
         t = self.table()
         ints, floats = t.ints, t.floats
-        n = t.n
         gen = ints["generated"]
         if token_times is None:
             token_times = int(gen.sum()) <= self.token_times_limit
@@ -233,14 +232,7 @@ class Recorder:
         columns = list(REQUEST_COLUMNS)
         columns[columns.index("swaps") + 1:columns.index("swaps") + 1] = SPEC_REQUEST_COLUMNS + KV_REQUEST_COLUMNS
         if token_times:
-            starts, lengths, _ = t.token_run_arrays(self._offsets())
-            flat = flat_times_of_runs(self.replicas, starts, lengths)
-            del starts, lengths
-            bounds = np.concatenate(([0], np.cumsum(gen))).tolist()
-            tt = np.empty(n, dtype=object)
-            for i in range(n):
-                tt[i] = flat[bounds[i]:bounds[i + 1]]
-            cols["token_times_s"] = tt
+            cols["token_times_s"] = times_per_request(self.replicas, *t.token_run_arrays(self._offsets()))
         else:
             columns.remove("token_times_s")
         return pd.DataFrame(cols, columns=columns, copy=False)

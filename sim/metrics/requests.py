@@ -174,8 +174,7 @@ def emit_step_tokens(scheduled: list[Request], records: dict[str, RequestRecord]
     (nothing to record but the count); only their end is tested."""
     finished = []
     if decodes and on_token is None:
-        for i in range(decodes):
-            req = scheduled[i]
+        for req in scheduled if decodes == len(scheduled) else scheduled[:decodes]:  # no index per request
             out = req.num_output_tokens + 1
             req.num_output_tokens = out
             rec = records[req.id]

@@ -64,6 +64,15 @@ COUNT_DTYPE = np.int32  # the frame's dtype of the count columns, and of ``repli
 _NUMPY_OF = {"i": np.int32, "q": np.int64, "d": np.float64}
 
 
+def _put(col: array, values) -> None:
+    """``col.extend(values)``; a list through ``array.fromlist``, 2-2.5x faster for a stretch's
+    15 values (and all or nothing on an overflow, where extend leaves the values before it)."""
+    if type(values) is list:
+        col.fromlist(values)
+    else:
+        col.extend(values)
+
+
 def _raw(values) -> np.ndarray:
     """float64 values as raw bytes for ``array('d').frombytes``."""
     return np.ascontiguousarray(values, dtype=np.float64).view(np.uint8)
@@ -221,9 +230,9 @@ class ReplicaSteps:
         try:
             cols = self.columns
             a_kv, a_res, a_used = self._dense_ints
-            a_kv.extend(kv_blocks_used)
-            a_res.extend(reserved)
-            a_used.extend(used)
+            _put(a_kv, kv_blocks_used)
+            _put(a_res, reserved)
+            _put(a_used, used)
             (r_first, r_run, r_run_last, r_wait, r_wait_last, r_seqs, r_cpu, r_fin, r_k) = self._run_append
             r_first(len(self.ends))
             r_run(running)
@@ -235,13 +244,13 @@ class ReplicaSteps:
             r_fin(finished)
             r_k(len(durations))
             if type(times) is list:
-                cols["start_s"].extend(times[:-1])
-                cols["duration_s"].extend(durations)
+                cols["start_s"].fromlist(times[:-1])
+                _put(cols["duration_s"], durations)
                 for name, values in (("flops", flops), ("bytes", bytes_)):
                     if self.all_int[name] and not all(type(v) is int for v in values):
                         self.all_int[name] = False
-                    cols[name].extend(values)
-                self.ends.extend(times[1:])
+                    _put(cols[name], values)
+                self.ends.fromlist(times[1:])
             else:
                 cols["start_s"].frombytes(_raw(times[:-1]))
                 cols["duration_s"].frombytes(_raw(durations))

@@ -25,8 +25,11 @@ ep8``: issue #29's bounds are per TP degree, issue #30's per layout; also in ``-
 
     .venv/bin/python bench/silicon_accuracy.py [--only h200] [--only Llama] [--json out.json] [--workers 2]
 
-``--client inferencemax`` replays the rows InferenceMAX measured (:func:`is_inferencemax`) as its
-client and launch scripts ran them (:func:`inferencemax_scenario`), beside the ``--phase`` result.
+The rows InferenceMAX measured (:func:`is_inferencemax`: 954 of the priced rows) are replayed as its
+client and launch scripts ran them (:func:`inferencemax_scenario`): which client measured a row is a
+fact about the row, so that is each such row's result by default (``--client inferencemax``), with
+the fixed-length ``--phase`` result of the same row run beside it for comparison (``extra.phases``);
+``--client fixed`` runs every row as a fixed-length closed loop under ``--phase``, as before.
 
 ``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
 The whole priceable set runs in a process pool over rows (``--workers``, default: every core), the
@@ -207,7 +210,7 @@ class Row:
     source: str = ""  # the corpus' silicon_data_source (which collection, and its tool)
     aic_config: bool = False  # --aic-config: AIConfigurator's generated TensorRT-LLM config (below)
     no_overlap: bool = False  # --no-overlap: TensorRT-LLM rows with disable_overlap_scheduler (a sensitivity)
-    client: str = "fixed"  # --client: how the benchmark client is replayed (CLIENTS)
+    client: str = "inferencemax"  # --client: how the benchmark client is replayed (CLIENTS; default CLIENT)
 
     @property
     def table_key(self) -> tuple:
@@ -549,7 +552,7 @@ def aic_trtllm_engine(row: Row, tokens_per_block: int = 32) -> dict:
     tokens = -(-(mbs + row.isl + 1500) // tokens_per_block) * tokens_per_block
     return {"max_num_seqs": mbs, "max_num_batched_tokens": tokens}
 # ------------------------------------------------------------------------------------------------
-# InferenceMAX's client and servers (--client inferencemax)
+# InferenceMAX's client and servers (--client inferencemax, the default)
 # ------------------------------------------------------------------------------------------------
 # The corpus' dated-CSV rows (silicon_data_source ``source_file=YYYY-MM-DD.csv``, ids
 # ``YYYY_MM_DD_<model>_<gpu>_<engine>_<precision>_agg_<ISL>x<OSL>_c<N>_tp...``) at 1k/1k, 1k/8k and 8k/1k
@@ -566,8 +569,10 @@ def aic_trtllm_engine(row: Row, tokens_per_block: int = 32) -> dict:
 # the CONC*10 is counted (a single test prompt, and in the later copy 2*CONC warm-up requests of that
 # prompt, run first and are all answered before the counted run opens with CONC sends at once); mean
 # TTFT over the requests, and TPOT per request ``(latency - ttft) / (output_len - 1)`` averaged over them.
+# ``inferencemax`` (the default) replays these rows so and every other row as ``fixed`` does;
+# ``fixed`` runs every row, these included, as a fixed-length closed loop under ``--phase``.
 CLIENTS = ("fixed", "inferencemax")
-CLIENT = "fixed"
+CLIENT = "inferencemax"
 INFERENCEMAX_LENGTHS = ((1024, 1024), (1024, 8192), (8192, 1024))
 INFERENCEMAX_SOURCE = re.compile(r"(?:^|;)\s*source_file=\d{4}-\d{2}-\d{2}\.csv\s*(?:;|$)")
 INFERENCEMAX_RANGE_RATIO = 0.8
@@ -1108,6 +1113,8 @@ def stamp(table: Path, report: dict) -> dict:
                        f"requests per client, phases {report.get('phase', 'wave')!r} (first sends "
                        f"{report.get('send_gap_ms', SEND_GAP_MS)} ms apart in 'wave' and 'warm'; 'random' and "
                        "'spread' place them over one cycle); "
+                       + ("InferenceMAX's rows as its client ran them (lengths over [0.8 L, L], CONC x 10 requests "
+                          "all counted); " if report.get("client", "fixed") == "inferencemax" else "") +
                        "errors are sim / real - 1 of mean TTFT and mean TPOT, on tables composed the same way "
                        "for each row's own model, TP and precision (docs/accuracy-corpus.md)",
     }
@@ -1126,7 +1133,8 @@ def select(rows: list[Row], only: list[str]) -> list[Row]:
     return keep
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (its defaults are the bench's: what a plain run replays)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", default=[], help="keep rows whose id/GPU/engine/model contain this")
     ap.add_argument("--json", type=Path, default=None, help="write every row's result and the groups here")
@@ -1155,10 +1163,11 @@ def main(argv=None) -> int:
                     help="run the TensorRT-LLM rows with disable_overlap_scheduler (TensorRT-LLM's default is "
                          "the overlap scheduler: policies/trtllm.py)")
     ap.add_argument("--client", choices=CLIENTS, default=CLIENT,
-                    help="fixed (default): every row a fixed-length closed loop with --phase; inferencemax: the "
-                         "rows InferenceMAX measured (dated-CSV rows at 1k/1k, 1k/8k, 8k/1k) replayed as its client "
-                         "and launch scripts ran them (lengths uniform over [0.8 L, L] from seed 0, CONC x 10 "
-                         "requests all counted, the scripts' server flags), beside the --phase result")
+                    help="inferencemax (default): the rows InferenceMAX measured (dated-CSV rows at 1k/1k, 1k/8k, "
+                         "8k/1k) replayed as its client and launch scripts ran them (lengths uniform over [0.8 L, L] "
+                         "from seed 0, CONC x 10 requests all counted, the scripts' server flags), the --phase result "
+                         "beside it, every other row under --phase; fixed: every row a fixed-length closed loop "
+                         "under --phase (the comparison)")
     ap.add_argument("--resume", action="store_true",
                     help="with --json: take the rows an earlier run of the same code and settings wrote there "
                          "(finished, or its OUT.partial after a crash) instead of simulating them again")
@@ -1166,7 +1175,11 @@ def main(argv=None) -> int:
     ap.add_argument("--stamp", type=Path, action="append", default=[],
                     help="a kernel-db table folder whose metadata.json gets its GPU's corpus error (repeatable)")
     ap.add_argument("--from-json", type=Path, default=None, help="stamp from a report --json wrote, without a run")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     if args.slots_short < 0:
         raise SystemExit(f"--slots-short must be 0 or more, got {args.slots_short}")
     if args.resume and args.json is None:

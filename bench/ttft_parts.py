@@ -27,7 +27,10 @@ context (tests/test_ttft_parts.py checks it against the simulation).
 
 ``--gemm-ratio SLOW FAST`` prints the database's own FP8 GEMM latencies of two GPUs against each
 other instead (:func:`gemm_ratio`): the corpus' H100 and H200 prefills are equally fast, the
-database's H200 GEMMs are not.
+database's H200 GEMMs are not; and, by how long a kernel ran (:func:`by_duration`), the ratio and
+each GPU's TFLOPS for FP8 and BF16: a collection whose throughput falls as its kernels run longer
+ran into its GPU's power limit, one whose throughput does not was timed at a clock a GPU serving
+for minutes does not hold.
 """
 
 from __future__ import annotations
@@ -130,6 +133,26 @@ def row_parts(row, table: str) -> Parts:
 LLAMA70B_GEMMS = ((10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))
 
 
+# kernel-time bins (ms, on the slow GPU) of :func:`by_duration`
+DURATION_BINS_MS = (0.05, 0.2, 1.0, 5.0, 20.0, float("inf"))
+
+
+def by_duration(j, bins_ms=DURATION_BINS_MS) -> list[dict]:
+    """Per bin of the slow GPU's kernel time (``latency_a``, ms) above the first edge: rows, the median
+    latency ratio a / b, and each GPU's median TFLOPS (2 M N K / latency)."""
+    out = []
+    flops = 2.0 * j["m"] * j["n"] * j["k"]
+    for lo, hi in zip(bins_ms, bins_ms[1:]):
+        s = (j["latency_a"] > lo) & (j["latency_a"] <= hi)
+        if not s.any():
+            continue
+        out.append({"lo_ms": lo, "hi_ms": hi, "rows": int(s.sum()),
+                    "ratio": float((j["latency_a"][s] / j["latency_b"][s]).median()),
+                    "tflops_a": float((flops[s] / j["latency_a"][s] * 1e-9).median()),
+                    "tflops_b": float((flops[s] / j["latency_b"][s] * 1e-9).median())})
+    return out
+
+
 def gemm_ratio(slow: str, fast: str, engine: str = "vllm") -> dict:
     """The database's per-tensor FP8 GEMM latencies of GPU ``slow`` over GPU ``fast`` (AIConfigurator
     system names, e.g. h100_sxm and h200_sxm), on the shapes both measured: per Llama-3.1-70B shape
@@ -142,15 +165,17 @@ def gemm_ratio(slow: str, fast: str, engine: str = "vllm") -> dict:
 
     data = files("aiconfigurator_core") / "systems" / "data"
 
-    def frame(system: str):
+    def frame(system: str, dtype: str = "fp8"):
         folder = Path(str(data / system / "gemm" / engine))
         versions = sorted(p for p in folder.iterdir() if (p / "gemm_perf.parquet").is_file())
         d = pd.read_parquet(versions[-1] / "gemm_perf.parquet")
-        return d[d["gemm_dtype"] == "fp8"], versions[-1].name
+        return d[d["gemm_dtype"] == dtype], versions[-1].name
 
-    a, va = frame(slow)
-    b, vb = frame(fast)
-    j = a.merge(b, on=["m", "n", "k"], suffixes=("_a", "_b"))
+    def joined(dtype: str):
+        return frame(slow, dtype)[0].merge(frame(fast, dtype)[0], on=["m", "n", "k"], suffixes=("_a", "_b"))
+
+    va, vb = frame(slow)[1], frame(fast)[1]
+    j = joined("fp8")
     j = j.assign(ratio=j["latency_a"] / j["latency_b"])
     shapes = {}
     for n, k in LLAMA70B_GEMMS:
@@ -165,6 +190,7 @@ def gemm_ratio(slow: str, fast: str, engine: str = "vllm") -> dict:
         "median": float(big.median()),
         "p10": float(big.quantile(0.1)),
         "p90": float(big.quantile(0.9)),
+        "by_duration": {dtype: by_duration(jj[jj.m >= 1024]) for dtype, jj in (("fp8", j), ("bf16", joined("bfloat16")))},
     }
 
 
@@ -193,6 +219,12 @@ def main(argv=None) -> int:
             f"  every shape at M >= 1024 ({r['rows']} rows): median {r['median']:.3f}, p10 {r['p10']:.3f}, "
             f"p90 {r['p90']:.3f}"
         )
+        print(f"  by kernel time on {slow}, M >= 1024: rows, median ratio, median TFLOPS {slow} / {fast}")
+        for dtype, bins in r["by_duration"].items():
+            for b in bins:
+                span = f"{b['lo_ms']:g}-{b['hi_ms']:g} ms" if b["hi_ms"] != float("inf") else f"> {b['lo_ms']:g} ms"
+                print(f"    {dtype:4s} {span:12s} {b['rows']:5d}  {b['ratio']:.3f}  {b['tflops_a']:6.0f} / "
+                      f"{b['tflops_b']:.0f}")
         return 0
     rows = sa.select(sa.read_rows(), args.only)
     sa.classify(rows)

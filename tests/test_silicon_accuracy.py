@@ -418,3 +418,64 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
     assert trt["engine"]["max_num_batched_tokens"] == (256 + 8192 + 127) // 64 * 64 == 8512
     assert trt["engine"]["kv_cache_dtype"] == "fp8"
     assert trt["policies"][0] == {"name": "trtllm", "free_gpu_memory_fraction": 0.75, "enable_block_reuse": False}
+
+
+def _fake_runs(monkeypatch, seen):
+    """``sim.run`` stood in for: the fixed-length runs answer 100 ms TTFT, 10 ms TPOT; a trace run
+    (InferenceMAX's client) answers its own requests' lengths from the trace, 50 ms TTFT, 5 ms TPOT."""
+    import pandas as pd
+
+    import sim
+
+    def fake_run(scn):
+        wl = scn["workload"]
+        seen.append(scn)
+        n = wl["num_requests"]
+        if "trace" in wl:
+            trace = pd.read_csv(wl["trace"]["path"])
+            frame = pd.DataFrame({"arrival_s": [0.0] * len(trace), "e2e_s": [2.0] * len(trace),
+                                  "ttft_s": [0.05] * len(trace), "tpot_s": [0.005] * len(trace),
+                                  "prompt_tokens": trace["prompt_tokens"], "output_tokens": trace["output_tokens"]})
+        else:
+            frame = pd.DataFrame({"arrival_s": [i * 0.1 for i in range(n)], "e2e_s": [2.0] * n,
+                                  "ttft_s": [0.1] * n, "tpot_s": [0.01] * n})
+        return type("R", (), {"requests": frame})()
+
+    monkeypatch.setattr(sim, "run", fake_run)
+
+
+def test_inferencemax_rows_replay_its_client_by_default_and_other_rows_do_not(monkeypatch):
+    """By default (``--client inferencemax``) a row InferenceMAX measured is its client's replay: CONC x 10
+    requests, every one counted, lengths uniform over [0.8 L, L]; the fixed-length ``random`` result runs
+    beside it. A row of another source, and any row under ``--client fixed``, is the ``random`` result."""
+    import bench.silicon_accuracy as sa
+
+    assert sa.CLIENT == "inferencemax" and sa.parser().parse_args([]).client == "inferencemax"
+    assert sa.parser().parse_args(["--client", "fixed"]).client == "fixed"
+    dated = "source_file=2026-03-25.csv; silicon_concurrency=8; image=vllm/vllm-openai:v0.18.0"
+    imax = _row(source=dated, isl=1024, osl=8192, concurrency=8, policy="vllm-v1", config="c.json", gpu="h200")
+    assert imax.client == sa.CLIENT and sa.is_inferencemax(imax)
+
+    seen: list = []
+    _fake_runs(monkeypatch, seen)
+    res = sa.simulate((imax, "table", 4, 1e-3, ["random"]))
+    traced = [s for s in seen if "trace" in s["workload"]]
+    assert not res.error and len(seen) == 3 and len(traced) == 1  # pilot, random, InferenceMAX's client
+    assert traced[0]["workload"]["num_requests"] == 80 and traced[0]["workload"]["arrival"]["concurrency"] == 8
+    lengths = res.extra["lengths"]
+    assert res.extra["client"] == "inferencemax" and lengths["requests"] == 80  # 8 clients x 10, all counted
+    prompts, outputs = sa.inferencemax_lengths(1024, 8192, 80)
+    assert lengths["prompt_mean"] == pytest.approx(prompts.mean()) and 819 <= prompts.min() <= prompts.max() <= 1024
+    assert lengths["output_mean"] == pytest.approx(outputs.mean()) and 6553 <= outputs.min() <= outputs.max() <= 8192
+    assert (res.sim_ttft_ms, res.sim_tpot_ms) == pytest.approx((50.0, 5.0))  # the replay is the row's result
+    assert res.ttft_err == pytest.approx(-0.5) and res.tpot_err == pytest.approx(-0.5)
+    assert res.extra["phases"]["random"]["ttft_err"] == pytest.approx(0.0)  # the fixed-length one beside it
+
+    for row in (_row(source="db-dump/2026-04-27; config_id=81; silicon_concurrency=8", isl=1024, osl=1024),
+                _row(source=dated, isl=1024, osl=8192, client="fixed")):
+        seen.clear()
+        res = sa.simulate((row, "table", 4, 1e-3, ["random"]))
+        assert not res.error and len(seen) == 2 and not any("trace" in s["workload"] for s in seen)
+        assert "client" not in res.extra and set(res.extra["phases"]) == {"random"}
+        assert seen[1]["workload"]["prompt_tokens"] == {"dist": "fixed", "value": row.isl}
+        assert (res.sim_ttft_ms, res.sim_tpot_ms) == pytest.approx((100.0, 10.0)) and res.ttft_err == pytest.approx(0.0)

@@ -103,3 +103,20 @@ def test_four_clients_wait_one_decode_step_then_prefill_beside_three_decodes(tab
     assert float(later.mean()) == pytest.approx(p.total_s, rel=1e-3)
     # and no request's TTFT is a lone prefill: every one waited for a step in flight
     assert float(later.min()) > alone.total_s + 0.5 * p.wait_s
+
+
+def test_by_duration_bins_kernels_by_the_slow_gpus_time_with_median_ratio_and_tflops():
+    """``--gemm-ratio``'s breakdown: kernels binned by the slow GPU's latency (ms, upper edge included),
+    the median latency ratio and each GPU's median TFLOPS (2 M N K / latency); empty bins left out."""
+    import pandas as pd
+
+    from bench.ttft_parts import by_duration
+
+    # M N K = 1000 x 1000 x 1000: 2e9 FLOPs, so x ms is 2 / x TFLOPS
+    j = pd.DataFrame({"m": [1000] * 5, "n": [1000] * 5, "k": [1000] * 5,
+                      "latency_a": [0.01, 0.1, 0.2, 2.0, 4.0], "latency_b": [0.01, 0.05, 0.1, 1.0, 4.0]})
+    bins = by_duration(j, (0.05, 0.2, 1.0, 5.0, float("inf")))
+    assert [(b["lo_ms"], b["hi_ms"], b["rows"]) for b in bins] == [(0.05, 0.2, 2), (1.0, 5.0, 2)]
+    assert bins[0]["ratio"] == pytest.approx(2.0) and bins[1]["ratio"] == pytest.approx(1.5)
+    assert bins[0]["tflops_a"] == pytest.approx((20.0 + 10.0) / 2) and bins[0]["tflops_b"] == pytest.approx(30.0)
+    assert bins[1]["tflops_a"] == pytest.approx((1.0 + 0.5) / 2) and bins[1]["tflops_b"] == pytest.approx(1.25)

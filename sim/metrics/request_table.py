@@ -77,8 +77,8 @@ class RequestTable:
         # the frame's id column as pandas infers it from the list, but built now: the ids' str
         # objects then go with their specs (kept, they would hold the specs' memory pages too)
         self.ids = pd.array(ids, dtype="str") if all(type(i) is str for i in ids) else ids
-        self._reasons: list = [None] * n
-        self._closed_runs: dict[int, list[tuple[int, int]]] = {}  # broken runs: (first step, tokens)
+        self.reasons: list = [None] * n
+        self.closed_runs: dict[int, list[tuple[int, int]]] = {}  # broken runs: (first step, tokens)
         self._pending_ints: list[tuple] = []  # (row, the int fields...) per row written, not yet flushed
         self._pending_rest: list[tuple] = []  # (the float fields..., state, refused, opened)
 
@@ -112,17 +112,17 @@ class RequestTable:
         ))
         self._pending_rest.append((s.arrival_s, rec.admitted_s, rec.first_token_s, rec.finish_s, rec.kv_load_s,
                                    _CODE[rec.state], rec.refused, rec.steps is not None))
-        self._reasons[i] = rec.reason
+        self.reasons[i] = rec.reason
         if rec.runs:
-            self._closed_runs[i] = list(rec.runs)
-        elif self._closed_runs:
-            self._closed_runs.pop(i, None)
+            self.closed_runs[i] = list(rec.runs)
+        elif self.closed_runs:
+            self.closed_runs.pop(i, None)
         if len(self._pending_ints) >= _FLUSH_ROWS:
             self.flush()
 
     def flush(self) -> None:
-        """Write the rows kept by :meth:`write` into the columns (in the order written: a row
-        written twice keeps its last values)."""
+        """Write the rows kept by :meth:`write` into the columns, one NumPy assignment per column
+        (every reader of the columns flushes first)."""
         if not self._pending_ints:
             return
         ints = np.array(self._pending_ints, dtype=np.int64)  # past 2**63: OverflowError, as before
@@ -148,14 +148,6 @@ class RequestTable:
     refused = _flushed("_refused")
     opened = _flushed("_opened")
     written = _flushed("_written")
-
-    @property
-    def reasons(self) -> list:
-        return self._reasons
-
-    @property
-    def closed_runs(self) -> dict[int, list[tuple[int, int]]]:
-        return self._closed_runs
 
     def state_names(self) -> list[str]:
         return [STATES[c] for c in self.state.tolist()]

@@ -117,6 +117,18 @@ def release_freed_memory() -> None:
 _malloc_trim = None
 
 
+class _RowsFinal:
+    """Stands in for a replica's bound appends once :meth:`ReplicaSteps.column` laid its rows out:
+    a later step unpacks it and learns why it cannot be recorded (free on the hot path)."""
+
+    def __iter__(self):
+        raise RuntimeError("the replica's step rows are final once a frame laid them out (ReplicaSteps.column): "
+                           "no step can be recorded after the frame is built")
+
+
+_ROWS_FINAL = _RowsFinal()
+
+
 class ReplicaSteps:
     """One replica's step rows: typed columns, and each step's end time.
 
@@ -138,6 +150,7 @@ class ReplicaSteps:
         self.runs = {f: array("q" if f in ("first", "k") else "i") for f in _RUN_FIELDS}
         self.all_int = {c: True for c in _MAYBE_INT}
         self._full: dict[str, np.ndarray] = {}  # sparse columns laid out over every row (column())
+        self._layout = None  # (row count key, stretch rows) cached by _stretch_rows
         self._bind()
 
     def _bind(self) -> None:
@@ -267,7 +280,7 @@ class ReplicaSteps:
     def _stretch_rows(self):
         """(every stretch row, in order; each stretch's last row; each stretch's length), as arrays."""
         key = (len(self.ends), len(self.runs["k"]))
-        cached = getattr(self, "_layout", None)
+        cached = self._layout
         if cached is not None and cached[0] == key:
             return cached[1]
         first = np.frombuffer(self.runs["first"], dtype=np.int64)
@@ -309,7 +322,7 @@ class ReplicaSteps:
         # column); the rows are final: a later append or stretch fails instead of misplacing rows
         self._full[name] = out
         self.columns[name] = array(col.typecode)
-        self._append = self._run_append = self._dense_ints = None
+        self._append = self._run_append = self._dense_ints = _ROWS_FINAL
         if len(self._full) == len(_SPARSE_COLUMNS):  # every column laid out: the layout's arrays go
             self._layout = None
             self.stepped = array("q")

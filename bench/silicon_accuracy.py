@@ -659,6 +659,8 @@ def inferencemax_scenario(row: Row, table: str, send_gap_s: float, spec: dict | 
     sc["engine"].update(engine)
     sc["policies"][0].update(knobs)
     sc["hardware"].update(hardware)
+    if row.slots_short:  # --slots-short is a sensitivity over the server's own flags: applied after them
+        sc["engine"]["max_num_seqs"] = max(1, row.concurrency - row.slots_short)
     return sc
 
 

@@ -406,6 +406,8 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
     assert sc["engine"] | {"max_model_len": 0} == {"max_model_len": 0, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
                                                     "enable_prefix_caching": False, "kv_cache_dtype": "fp8"}
     assert sc["hardware"]["gpu_memory_utilization"] == 0.9
+    vllm.slots_short = 1  # --slots-short acts over the scripts' max_num_seqs = CONC, not under it
+    assert inferencemax_scenario(vllm, "t", 0.001)["engine"]["max_num_seqs"] == 15
     oss = inferencemax_scenario(_row(policy="vllm-v1", model="openai/gpt-oss-120b", config="c.json"), "t", 0.0)
     assert "kv_cache_dtype" not in oss["engine"]  # the gpt-oss scripts keep the model's KV dtype
     sgl = inferencemax_scenario(_row(engine="sglang", policy="sglang", model="deepseek-ai/DeepSeek-R1", tp=8,

@@ -302,3 +302,33 @@ def test_the_first_dense_layers_run_a_dense_ffn_not_the_moe_block():
     # gpt-oss has no dense layers: nothing changes
     oss = MoeKernelDb(resolve_model("openai/gpt-oss-120b"), "h200", Layout(1, 1, False), engine="vllm")
     assert oss.dense_layers == 0 and oss.context_linear_ops(64) == KernelDb.linear_ops(oss, 64)
+
+
+def test_trtllm_runs_mxfp4_experts_with_mxfp8_activations_on_blackwell(monkeypatch):
+    """TensorRT-LLM quantizes gpt-oss's MoE activations to MXFP8 on Blackwell (its gpt_oss README's
+    support matrix), so a B200 TensorRT-LLM table prices the database's ``w4a8_mxfp4_mxfp8`` rows;
+    Hopper, and the other engines, keep the checkpoint's bf16 activations (``w4a16_mxfp4``)."""
+    require_aic()
+    from calib.sources import kernel_db_moe
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import Layout, MoeKernelDb
+
+    oss = resolve_model("openai/gpt-oss-120b")
+
+    def mode(gpu, engine):
+        return MoeKernelDb(oss, gpu, Layout(), engine=engine).compile_kwargs()["moe_quant_mode"]
+
+    assert mode("b200", "trtllm") == "w4a8_mxfp4_mxfp8"
+    assert mode("h200", "trtllm") == "w4a16_mxfp4"
+    assert mode("b200", "vllm") == "w4a16_mxfp4"
+
+    def experts_s(db, tokens):
+        return sum(op.seconds for name, op in db.linear_ops(tokens).items() if "moe" in name)
+
+    mxfp8 = MoeKernelDb(oss, "b200", Layout(), engine="trtllm")
+    monkeypatch.setattr(kernel_db_moe, "_is_blackwell", lambda system: False)
+    bf16 = MoeKernelDb(oss, "b200", Layout(), engine="trtllm")
+    assert bf16.compile_kwargs()["moe_quant_mode"] == "w4a16_mxfp4"
+    # the database's own rows: the MXFP8 kernels are several times faster from decode to prefill sizes
+    for tokens in (4, 256, 4096):
+        assert experts_s(mxfp8, tokens) < 0.6 * experts_s(bf16, tokens), tokens

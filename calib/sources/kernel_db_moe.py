@@ -90,16 +90,34 @@ class Layout:
         return self.data_parallel == 1 and not self.expert_parallel
 
 
-def moe_quant_mode(spec, dtype: str) -> str:
-    """AIConfigurator's quantization mode of the routed experts as the checkpoint ships them."""
+def moe_quant_mode(spec, dtype: str, engine: str = "vllm", system: str | None = None) -> str:
+    """AIConfigurator's quantization mode of the routed experts as the engine runs the checkpoint.
+
+    MXFP4 experts (gpt-oss) run with bf16 activations (``w4a16_mxfp4``) except in TensorRT-LLM on
+    Blackwell, which quantizes the activations to MXFP8 there (``w4a8_mxfp4_mxfp8``: the MoE
+    support matrix of TensorRT-LLM's ``examples/models/core/gpt_oss/README.md``, "Hopper: bf16 /
+    Blackwell: mxfp8", whose Blackwell backends CUTLASS and TRTLLM take no bf16 activation; the
+    database's TensorRT-LLM rows on every Blackwell GPU have that mode, its RTX PRO 6000 rows only
+    that one). AIConfigurator's own predictor prices the checkpoint's label, ``w4a16_mxfp4``,
+    everywhere (``sdk/models/helpers.py``), 2.6-6.7x the MXFP8 rows' time on the B200 from 1 to
+    256 tokens."""
     expert = getattr(spec, "expert_quantization", None)
     if expert == "mxfp4":
+        if engine == "trtllm" and system is not None and _is_blackwell(system):
+            return "w4a8_mxfp4_mxfp8"
         return "w4a16_mxfp4"
     if expert == "int4":
         return "int4_wo"
     if dtype == "fp8":
         return "fp8_block" if getattr(spec, "is_mla", False) else "fp8"
     return "bfloat16"
+
+
+def _is_blackwell(system: str) -> bool:
+    """Whether AIConfigurator's system is a Blackwell GPU (SM100/SM120), by its own test."""
+    from aiconfigurator_core.sdk.perf_database import is_blackwell_system
+
+    return bool(is_blackwell_system(system))
 
 
 class MoeKernelDb(KernelDb):
@@ -141,7 +159,7 @@ class MoeKernelDb(KernelDb):
         kwargs["attention_dp_size"] = lay.data_parallel
         if spec.is_moe:
             kwargs.update(
-                moe_quant_mode=moe_quant_mode(spec, self.dtype),
+                moe_quant_mode=moe_quant_mode(spec, self.dtype, self.engine, self.system),
                 moe_tp_size=lay.moe_tp,
                 moe_ep_size=lay.moe_ep,
             )

@@ -96,9 +96,10 @@ def moe_quant_mode(spec, dtype: str, engine: str = "vllm", system: str | None = 
     MXFP4 experts (gpt-oss) run with bf16 activations (``w4a16_mxfp4``) except in TensorRT-LLM on
     Blackwell, which quantizes the activations to MXFP8 there (``w4a8_mxfp4_mxfp8``: the MoE
     support matrix of TensorRT-LLM's ``examples/models/core/gpt_oss/README.md``, "Hopper: bf16 /
-    Blackwell: mxfp8", whose Blackwell backends CUTLASS and TRTLLM take no bf16 activation; the
-    database's TensorRT-LLM rows on every Blackwell GPU have that mode, its RTX PRO 6000 rows only
-    that one). AIConfigurator's own predictor prices the checkpoint's label, ``w4a16_mxfp4``,
+    Blackwell: mxfp8", whose Blackwell backends CUTLASS and TRTLLM take no bf16 activation;
+    InferenceMAX's ``benchmarks/gptoss_fp4_b200_trt.sh`` serves with ``moe_config: backend: TRTLLM``;
+    the database's TensorRT-LLM rows on every Blackwell GPU have that mode, its RTX PRO 6000 rows
+    only that one). AIConfigurator's own predictor prices the checkpoint's label, ``w4a16_mxfp4``,
     everywhere (``sdk/models/helpers.py``), 2.6-6.7x the MXFP8 rows' time on the B200 from 1 to
     256 tokens."""
     expert = getattr(spec, "expert_quantization", None)

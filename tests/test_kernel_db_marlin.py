@@ -182,3 +182,50 @@ def test_the_table_says_which_kernel_and_how(tmp_path):
     assert "--moe-kernel marlin" in kernel_db_command(Path("t"), model=OSS, gpu="h200", moe_kernel="marlin",
                                                       **common)
     assert "--moe-kernel" not in kernel_db_command(Path("t"), model=OSS, gpu="h200", **common)
+
+
+def _row(**kw):
+    from bench.silicon_accuracy import Row
+
+    base = dict(id="r", engine="vllm", version="0.18.0", model=OSS, system="h200_sxm", precision="fp4", tp=8,
+                isl=1024, osl=1024, concurrency=8, ttft_ms=100.0, tpot_ms=10.0,
+                source="source_file=2026-03-25.csv; model=GPT-OSS-120B; image=vllm/vllm-openai:v0.18.0")
+    base.update(kw)
+    return Row(**base)
+
+
+def test_the_bench_runs_marlin_where_the_launch_script_set_it(monkeypatch):
+    """InferenceMAX's vLLM gpt-oss rows on H100/H200 from vLLM 0.13 on (its PR #327 added
+    VLLM_MXFP4_USE_MARLIN=1 with that image) get Marlin tables, their own cache folder; older images,
+    other engines, GPUs, sources and ``--moe-kernel database`` keep the database's rows."""
+    require_aic()
+    import bench.silicon_accuracy as sa
+
+    rows = {"h200": _row(), "h100": _row(system="h100_sxm", version="0.13.0"),
+            "old": _row(system="h100_sxm", version="0.11.2"), "blank": _row(version=""),
+            "b200": _row(system="b200_sxm", version="0.15.1"), "trt": _row(engine="trtllm", version="1.2.0rc2"),
+            "aic": _row(source="db-dump/2026-04-27; config_id=3"), "len": _row(isl=4000, osl=1000)}
+    sa.classify(list(rows.values()))
+    kernels = {k: r.moe_kernel for k, r in rows.items()}
+    assert kernels == {"h200": "marlin", "h100": "marlin", "old": "database", "blank": "database",
+                       "b200": "database", "trt": "database", "aic": "database", "len": "database"}
+    key = rows["h200"].table_key
+    assert key[-4:] == ("moe", 1, False, "marlin") and sa.key_moe_kernel(key) == "marlin"
+    assert sa.moe_part(key) == (1, False, False)
+    assert sa.table_dir(key, "d").name == "vllm-h200-openai--gpt-oss-120b-tp8-bf16-dp1-marlin"
+    assert rows["b200"].table_key[-1] is False and sa.key_moe_kernel(rows["b200"].table_key) == "database"
+    off = _row()
+    sa.classify([off], moe_kernel="database")
+    assert off.moe_kernel == "database" and off.table_key == key[:-1]
+    # the table is built with that kernel
+    seen = {}
+    from calib.sources import kernel_db_moe
+
+    def fake_build(*args, **kw):
+        seen.update(kw)
+        raise CbsimError("stop")
+
+    monkeypatch.setattr(kernel_db_moe, "build_table", fake_build)
+    monkeypatch.setattr(sa, "CACHE", Path("/nonexistent-cbsim-cache"))
+    assert sa.build_one((key, "d"))[2] == "stop" and seen["moe_kernel"] == "marlin"
+    assert sa.build_one((off.table_key, "d"))[2] == "stop" and seen["moe_kernel"] == "database"

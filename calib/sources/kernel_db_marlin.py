@@ -27,8 +27,8 @@ where vLLM has no Triton kernel) they are used as measured (``C = r = 1``).
 
 The transfer checked on the database itself: the Kimi-K2 INT4 Marlin rows (hidden 7168, 384
 experts, top 8) predict the Kimi-K3 MXFP4 Marlin rows on the H200 and H100 within 0.78-1.15x from
-1 to 8,192 tokens at TP 1-8, and the L40S's own gpt-oss MXFP4 Marlin rows within 0.85-1.11x from
-16 to 8,192 tokens (docs/accuracy-corpus.md, InferenceMAX section).
+1 to 8,192 tokens at TP 1-8, and the L40S's own gpt-oss MXFP4 Marlin rows within 0.85-1.12x from
+32 to 8,192 tokens (docs/accuracy-corpus.md, "The MoE kernel of InferenceMAX's gpt-oss scripts").
 
 At decode sizes the FLOP ratio also scales the source's fixed cost (its chain of kernel launches:
 align, two Marlin GEMMs, activation, reduction), which a smaller shape does not shorten: on the
@@ -36,8 +36,8 @@ H200 at TP 8 the transfer gives gpt-oss 10 us a layer at 1 token where no Marlin
 database, any shape or layout, is under 40 us (the cheapest: Kimi-K2's INT4 experts at TP 8, 1
 token; the Kimi-K3 MXFP4 rows themselves never go under 60 us). So a layer never costs less than the
 cheapest Marlin MoE layer the database measured on the GPU (:attr:`MarlinMoeRows.floor_ms`). On the
-L40S that floor (27 us, gpt-oss's own rows) turns the Kimi-K2 transfer's 0.28-0.45x at 1 token, TP
-4-8, into 1.06-1.15x of gpt-oss's measured rows.
+L40S a floor at the cheapest Kimi-K2 row (31 us) turns the Kimi-K2 transfer's 0.28-0.45x of
+gpt-oss's measured rows at 1 token, TP 4-8, into 1.07-1.14x.
 """
 
 from __future__ import annotations

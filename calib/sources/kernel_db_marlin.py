@@ -37,7 +37,10 @@ database, any shape or layout, is under 40 us (the cheapest: Kimi-K2's INT4 expe
 token; the Kimi-K3 MXFP4 rows themselves never go under 60 us). So a layer never costs less than the
 cheapest Marlin MoE layer the database measured on the GPU (:attr:`MarlinMoeRows.floor_ms`). On the
 L40S a floor at the cheapest Kimi-K2 row (31 us) turns the Kimi-K2 transfer's 0.28-0.45x of
-gpt-oss's measured rows at 1 token, TP 4-8, into 1.07-1.14x.
+gpt-oss's measured rows at 1 token, TP 4-8, into 1.07-1.14x. (Every one of these rows times vLLM's
+whole FusedMoE forward, routing included: AIConfigurator's vLLM 0.24.0 MoE collector. The Kimi
+models route by grouped top-k with a bias, heavier than gpt-oss's softmax top-k, so the floor is
+if anything high for gpt-oss.)
 """
 
 from __future__ import annotations

@@ -29,7 +29,10 @@ The rows InferenceMAX measured (:func:`is_inferencemax`: 954 of the priced rows)
 client and launch scripts ran them (:func:`inferencemax_scenario`): which client measured a row is a
 fact about the row, so that is each such row's result by default (``--client inferencemax``), with
 the fixed-length ``--phase`` result of the same row run beside it for comparison (``extra.phases``);
-``--client fixed`` runs every row as a fixed-length closed loop under ``--phase``, as before.
+``--client fixed`` runs every row as a fixed-length closed loop under ``--phase``, as before. Their
+servers' MoE kernel is a fact about the rows too (:func:`moe_kernel_of`): InferenceMAX's vLLM gpt-oss
+rows on H100/H200 ran the Marlin MXFP4 kernel (``VLLM_MXFP4_USE_MARLIN=1``), and their tables price it
+(``--moe-kernel database``: the database's rows, the comparison).
 
 ``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
 The whole priceable set runs in a process pool over rows (``--workers``, default: every core), the
@@ -138,6 +141,9 @@ PHASE = "random"
 # TensorRT-LLM rows were not judged this way and keep the custom kernel.
 ALLREDUCE = "auto"  # auto: NCCL for TensorRT-LLM 1.0 rows, the custom kernel otherwise
 NCCL_VERSIONS = {"trtllm": ("1.0",)}
+# Which kernel a row's table prices the routed experts with (moe_kernel_of): auto, the kernel the row's
+# launch script ran (Marlin for InferenceMAX's vLLM gpt-oss rows on H100/H200), else the database's rows
+MOE_KERNEL = "auto"
 
 
 def allreduce_of(row: Row, choice: str = ALLREDUCE) -> str:
@@ -211,13 +217,18 @@ class Row:
     aic_config: bool = False  # --aic-config: AIConfigurator's generated TensorRT-LLM config (below)
     no_overlap: bool = False  # --no-overlap: TensorRT-LLM rows with disable_overlap_scheduler (a sensitivity)
     client: str = "inferencemax"  # --client: how the benchmark client is replayed (CLIENTS; default CLIENT)
+    moe_kernel: str = "database"  # the routed experts' kernel its table prices (moe_kernel_of)
 
     @property
     def table_key(self) -> tuple:
         """The dense path's (GPU, config, TP, precision, engine, fp8 scaling, all-reduce), and for the
-        kernel_db_moe path ("moe", data_parallel, expert_parallel) after it (:func:`moe_part`)."""
+        kernel_db_moe path ("moe", data_parallel, expert_parallel) after it (:func:`moe_part`), then
+        "marlin" where its experts run on the Marlin kernel (:func:`moe_kernel_of`)."""
         key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
-        return key + ("moe", self.data_parallel, self.expert_parallel) if self.moe_path else key
+        if not self.moe_path:
+            return key
+        marlin = ("marlin",) if self.moe_kernel == "marlin" else ()
+        return key + ("moe", self.data_parallel, self.expert_parallel) + marlin
 
     @property
     def mtp_key(self) -> tuple:
@@ -318,8 +329,9 @@ def _layout_skip(r, row: Row) -> str:
     return ""
 
 
-def classify(rows: list[Row], allreduce: str = ALLREDUCE) -> None:
-    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy`` and ``allreduce`` on each row."""
+def classify(rows: list[Row], allreduce: str = ALLREDUCE, moe_kernel: str = MOE_KERNEL) -> None:
+    """Fill ``skip`` (a reason in words) or ``gpu``, ``config``, ``policy``, ``allreduce`` and ``moe_kernel``
+    on each row."""
     from calib.sources.kernel_db import GPU_SYSTEMS, fp8_quant_mode
     from policies.registry import POLICIES
     from sim.errors import CbsimError
@@ -380,6 +392,7 @@ def classify(rows: list[Row], allreduce: str = ALLREDUCE) -> None:
         row.gpu, row.config, row.policy = gpu, path, policy
         row.allreduce = allreduce_of(row, allreduce)
         row.moe_path, row.mla = moe_path(spec, row), bool(spec.is_mla)
+        row.moe_kernel = moe_kernel_of(row, moe_kernel) if row.moe_path else "database"
         if row.moe_path and row.allreduce != "custom":
             row.skip = (f"all-reduce {row.allreduce}: the MLA / MoE composition (calib/sources/kernel_db_moe.py) "
                         f"prices the database's custom all-reduce only")
@@ -399,6 +412,11 @@ def moe_part(key: tuple) -> tuple[int, bool, bool] | None:
     return None
 
 
+def key_moe_kernel(key: tuple) -> str:
+    """The routed experts' kernel a table key prices (``Row.table_key``): "marlin" or "database"."""
+    return "marlin" if len(key) > 7 and key[7] == "moe" and key[10:] == ("marlin",) else "database"
+
+
 # ------------------------------------------------------------------------------------------------
 # tables: one per (GPU, model, TP, precision, engine), cached by the code that composes them
 # ------------------------------------------------------------------------------------------------
@@ -411,6 +429,7 @@ def code_hash(moe: bool = False, mtp: bool = False) -> str:
         h.update((ROOT / rel).read_bytes())
     if moe:
         h.update((ROOT / "calib/sources/kernel_db_moe.py").read_bytes())
+        h.update((ROOT / "calib/sources/kernel_db_marlin.py").read_bytes())
         h.update(repr(MLA_BLOCK_SIZE).encode())
     if mtp:
         h.update((ROOT / "calib/sources/kernel_db_mtp.py").read_bytes())
@@ -430,6 +449,7 @@ def table_dir(key: tuple, digest: str) -> Path:
     if moe is not None:  # kernel_db_moe: the layout beyond TP
         dp, ep, mtp = moe
         slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if mtp else "")
+        slug += "-marlin" if key_moe_kernel(key) == "marlin" else ""
     return CACHE / digest / slug
 
 
@@ -455,8 +475,9 @@ def build_one(args) -> tuple[tuple, str, str]:
                 from calib.sources import kernel_db_mtp
 
                 build = kernel_db_mtp.build_table
+            extra = {"moe_kernel": key_moe_kernel(key)} if not mtp else {}
             comp = build(config, gpu, kernel_db_moe.Layout(tp, dp, ep), dtype=precision, engine=engine,
-                         block_size=block)
+                         block_size=block, **extra)
         else:
             comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
                                allreduce=allreduce)
@@ -583,6 +604,41 @@ INFERENCEMAX_SEED = 0
 def is_inferencemax(row: Row) -> bool:
     """The rule: a dated-CSV row (``source_file=YYYY-MM-DD.csv``) at one of InferenceMAX's three lengths."""
     return bool(INFERENCEMAX_SOURCE.search(row.source)) and (row.isl, row.osl) in INFERENCEMAX_LENGTHS
+
+
+# InferenceMAX's vLLM gpt-oss launch scripts for the H100 and H200 (benchmarks/gptoss_fp4_h100.sh,
+# gptoss_fp4_h100_slurm.sh, gptoss_fp4_h200.sh) export VLLM_MXFP4_USE_MARLIN=1, so vLLM ran gpt-oss's
+# experts on its Marlin MXFP4 kernel (fused_moe/oracle/mxfp4.py, select_mxfp4_moe_backend: "explicit
+# Marlin MXFP4 configuration") instead of the OpenAI Triton kernel the database times them with. The
+# flag came with its PR #327 ("Update vLLM image from v0.11.2 to v0.13.0", "Add VLLM_MXFP4_USE_MARLIN=1
+# to H100 and H200 benchmark scripts", perf-changelog.yaml), so rows of an older vLLM (the corpus' six
+# H100 v0.11.2 rows, measured 2025-12-08, and the fourteen rows without a version, measured 2025-11-02
+# and 2025-12-05) ran before it and keep the database's rows. Which kernel a row's server ran is a fact
+# about the row, like the scripts' other flags: such rows' tables price the Marlin kernel
+# (calib/sources/kernel_db_marlin.py) by default (MOE_KERNEL); --moe-kernel database prices the
+# database's rows.
+MARLIN_SYSTEMS = ("h100_sxm", "h200_sxm")
+MARLIN_SINCE = (0, 13)  # the vLLM image InferenceMAX's PR #327 moved to with the flag
+
+
+def moe_kernel_of(row: Row, choice: str = MOE_KERNEL) -> str:
+    """The routed experts' kernel a row's table prices under ``--moe-kernel choice``."""
+    if choice != "auto":
+        return choice
+    marlin = (is_inferencemax(row) and row.engine == "vllm" and "gpt-oss" in row.model.lower()
+              and row.system in MARLIN_SYSTEMS and _version(row.version) >= MARLIN_SINCE)
+    return "marlin" if marlin else "database"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``0.18.0`` -> (0, 18, 0); the leading numbers only, () when there are none."""
+    parts = []
+    for p in text.split("."):
+        m = re.match(r"\d+", p)
+        if not m:
+            break
+        parts.append(int(m.group()))
+    return tuple(parts)
 
 
 def inferencemax_lengths(isl: int, osl: int, n: int, ratio: float = INFERENCEMAX_RANGE_RATIO,
@@ -1150,6 +1206,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--allreduce", choices=("auto", "custom", "nccl"), default=ALLREDUCE,
                     help="the all-reduce kernel the tables price (default auto: NCCL for TensorRT-LLM 1.0 rows, "
                          "the database's custom kernel otherwise)")
+    ap.add_argument("--moe-kernel", choices=("auto", "database"), default=MOE_KERNEL,
+                    help="the routed experts' kernel the tables price (default auto: vLLM's Marlin MXFP4 kernel for the "
+                         "InferenceMAX vLLM gpt-oss rows on H100/H200, whose launch scripts set "
+                         "VLLM_MXFP4_USE_MARLIN=1; the database's own rows otherwise); database: the database's "
+                         "rows for every row (the comparison)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--mtp", default=None, metavar="K:RATE",
                     help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
@@ -1196,7 +1257,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     rows = select(read_rows(), args.only)
-    classify(rows, args.allreduce)
+    classify(rows, args.allreduce, args.moe_kernel)
     priced = [r for r in rows if not r.skip]
     for r in priced:
         r.slots_short = args.slots_short
@@ -1229,6 +1290,8 @@ def main(argv=None) -> int:
             settings["no_overlap"] = True
         if args.client != CLIENT:
             settings["client"] = args.client
+        if args.moe_kernel != MOE_KERNEL:
+            settings["moe_kernel"] = args.moe_kernel
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)
@@ -1255,7 +1318,7 @@ def main(argv=None) -> int:
           f"wall on {args.workers} workers" + (f", {len(results) - len(new)} resumed" if done else ""))
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
               "phase": args.phase, "client": args.client, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp, "slots_short": args.slots_short,
-              "aic_config": args.aic_config, "no_overlap": args.no_overlap,
+              "aic_config": args.aic_config, "no_overlap": args.no_overlap, "moe_kernel": args.moe_kernel,
               "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),

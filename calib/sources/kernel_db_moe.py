@@ -30,6 +30,10 @@ composition this reuses unchanged):
   ``decode_attn(b, c̄)`` the block for ``b`` decodes (the absorbed path). What that leaves out: in
   a step that has both, the block's projections run once per kind rather than once over all
   rows (their weights are read twice), written to ``provenance.modelled``;
+- **the routed experts' kernel**: the database's own rows for the model (``moe_kernel="database"``,
+  AIConfigurator's choice), or vLLM's Marlin MXFP4 kernel (``"marlin"``: ``VLLM_MXFP4_USE_MARLIN=1``,
+  priced from the database's Marlin MXFP4 rows at the same tokens per expert;
+  :mod:`calib.sources.kernel_db_marlin`);
 - **quantization** as the checkpoint ships it: FP8 block-quantized GEMMs and experts
   (``fp8_block``) for DeepSeek-V3/R1 and Kimi-K2, MXFP4 weight-only experts (``w4a16_mxfp4``)
   for gpt-oss, INT4 weight-only experts (``int4_wo``) for Kimi-K2.5; context attention in bf16
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calib.sources.kernel_db import KernelDb, ModelSource, Op
+from calib.sources.kernel_db_marlin import check_moe_kernel, marlin_rows
 from sim.errors import CbsimError
 
 
@@ -132,6 +137,7 @@ class MoeKernelDb(KernelDb):
         dtype: str = "bf16",
         engine: str = "vllm",
         engine_version: str | None = None,
+        moe_kernel: str = "database",
     ) -> None:
         spec = model.spec
         if layout.expert_parallel and not spec.is_moe:
@@ -146,9 +152,23 @@ class MoeKernelDb(KernelDb):
             )
         spec.check_ep(layout.moe_ep)
         self.layout = layout
+        # the routed experts' kernel (calib/sources/kernel_db_marlin.py): None prices the database's own
+        # rows; refused (model, engine, rows) before anything is compiled
+        self.moe_kernel = check_moe_kernel(moe_kernel)
+        self.marlin = (marlin_rows(gpu, engine, engine_version, spec, moe_tp=layout.moe_tp, moe_ep=layout.moe_ep)
+                       if moe_kernel == "marlin" else None)
         super().__init__(
             model, gpu, tp=layout.tensor_parallel, dtype=dtype, engine=engine, engine_version=engine_version
         )
+
+    def with_moe_kernel(self, ops: dict, tokens: int) -> dict:
+        """``ops`` with the routed experts (AIConfigurator's ``moe`` operator, summed over the layers) priced
+        on the Marlin MXFP4 kernel when the table was asked for it (:attr:`marlin`), at the tokens the
+        experts see (``tokens`` x the data-parallel ranks, as AIConfigurator prices them); else unchanged."""
+        if self.marlin is None or "moe" not in ops or tokens <= 0:
+            return ops
+        seconds = self.model.spec.num_layers * self.marlin.seconds(tokens * self.layout.data_parallel)
+        return {**ops, "moe": Op(seconds, "silicon (marlin)")}
 
     def compile_kwargs(self) -> dict[str, Any]:
         spec, lay = self.model.spec, self.layout
@@ -185,7 +205,8 @@ class MoeKernelDb(KernelDb):
     def context_linear_ops(self, tokens: int):
         """AIConfigurator's context list of token-major operators at ``tokens`` (shared and routed
         experts summed), the first dense layers corrected (:meth:`with_dense_layers`)."""
-        return self.with_dense_layers(super().linear_ops(tokens), int(tokens), context=True)
+        ops = self.with_moe_kernel(super().linear_ops(tokens), int(tokens))
+        return self.with_dense_layers(ops, int(tokens), context=True)
 
     @property
     def dense_layers(self) -> int:
@@ -382,15 +403,17 @@ def build_table(
     max_num_batched_tokens: int = 16384,
     max_model_len: int = 32768,
     max_num_seqs: int = 1024,
+    moe_kernel: str = "database",
 ):
-    """:func:`calib.sources.kernel_db.build_table` for a :class:`Layout` (and MLA models)."""
+    """:func:`calib.sources.kernel_db.build_table` for a :class:`Layout` (and MLA models); ``moe_kernel``
+    the routed experts' kernel (:mod:`calib.sources.kernel_db_marlin`)."""
     from calib.sources.kernel_db import require_aiconfigurator, resolve_model
 
     require_aiconfigurator()
     return compose_source(resolve_model(model), gpu, layout, dtype=dtype, engine=engine,
                           engine_version=engine_version, block_size=block_size,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                          max_num_seqs=max_num_seqs)
+                          max_num_seqs=max_num_seqs, moe_kernel=moe_kernel)
 
 
 def compose_source(
@@ -405,13 +428,15 @@ def compose_source(
     max_num_batched_tokens: int = 16384,
     max_model_len: int = 32768,
     max_num_seqs: int = 1024,
+    moe_kernel: str = "database",
 ):
     """The table of one resolved model source (the target, or its MTP layer) for ``layout``."""
     from calib.sources.kernel_db import Grids, compose
 
     if dtype is None:
         dtype = "fp8" if getattr(source.spec, "quantization", None) == "fp8" else "bf16"
-    db = MoeKernelDb(source, gpu, layout, dtype=dtype, engine=engine, engine_version=engine_version)
+    db = MoeKernelDb(source, gpu, layout, dtype=dtype, engine=engine, engine_version=engine_version,
+                     moe_kernel=moe_kernel)
     comp = compose(
         db, Grids.covering(max_num_batched_tokens, max_model_len, max_num_seqs), block_size=block_size
     )
@@ -425,6 +450,8 @@ def compose_source(
         notes["moe shared/routed overlap"] = MODELLED_MOE_OVERLAP
     if db.dense_layers:
         notes["first dense layers"] = MODELLED_DENSE_LAYERS
+    if db.marlin is not None:
+        notes["moe kernel"] = db.marlin.describe()
     if notes:
         prov = meta.setdefault("provenance", {}) or {}
         modelled = prov.get("modelled")

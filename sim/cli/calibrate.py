@@ -26,7 +26,8 @@ from sim.cli.app import app
 
 # options' defaults, read by the options below and by kernel_db_command, which leaves an option at
 # its default out of the recorded command: one place, so a recorded command always rebuilds its table
-DEFAULTS = {"tp": 1, "data_parallel": 1, "engine": "vllm", "block_size": 16, "allreduce": "custom"}
+DEFAULTS = {"tp": 1, "data_parallel": 1, "engine": "vllm", "block_size": 16, "allreduce": "custom",
+            "moe_kernel": "database"}
 
 
 @app.command("calibrate")
@@ -62,6 +63,11 @@ def calibrate_cmd(
                                   "kernel the engine runs: custom (its own peer-to-peer kernel, as AIConfigurator "
                                   "prices it) or nccl (the database's NCCL rows: TensorRT-LLM falls back to NCCL "
                                   "without peer access or NVLink; docs/trtllm.md)"),
+    moe_kernel: str = typer.Option(DEFAULTS["moe_kernel"], "--moe-kernel", help="with --from-kernel-db: the "
+                                   "kernel of the routed experts: database (the database's own rows for the model, "
+                                   "as AIConfigurator prices them) or marlin (vLLM MXFP4 experts run with "
+                                   "VLLM_MXFP4_USE_MARLIN=1, priced from the database's Marlin MXFP4 rows at the "
+                                   "same tokens per expert; docs/calibration.md)"),
     draft: str = typer.Option(None, "--draft", help="with --from-kernel-db: the table of --model's speculative "
                                                     "head instead (eagle or eagle3: one layer at its width and "
                                                     "the head's LM head; mtp: the model's own multi-token-"
@@ -114,6 +120,8 @@ def calibrate_cmd(
 
     check_folder(out, "the latency table")  # a file, an unwritable folder: refused before any measuring
 
+    if moe_kernel != DEFAULTS["moe_kernel"] and not from_kernel_db:
+        raise CbsimError("--moe-kernel goes with --from-kernel-db (the kernel database's MoE rows)")
     if allreduce != "custom" and not from_kernel_db:
         raise CbsimError("--allreduce goes with --from-kernel-db (the kernel database's all-reduce rows; "
                          "--from-llmservingsim takes --allreduce-gbps)")
@@ -146,7 +154,7 @@ def calibrate_cmd(
                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                  max_num_seqs=max_num_seqs, data_parallel=data_parallel,
                                  expert_parallel=expert_parallel, draft=draft, draft_vocab_size=draft_vocab_size,
-                                 allreduce=allreduce)
+                                 allreduce=allreduce, moe_kernel=moe_kernel)
         return
     if data_parallel != 1 or expert_parallel:
         raise CbsimError("--data-parallel and --expert-parallel go with --from-kernel-db (the layout the kernel "
@@ -244,12 +252,14 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                              engine_version: str | None, block_size: int, max_num_batched_tokens: int | None,
                              max_model_len: int | None, max_num_seqs: int | None, data_parallel: int = 1,
                              expert_parallel: bool = False, draft: str | None = None,
-                             draft_vocab_size: int | None = None, allreduce: str = "custom") -> None:
+                             draft_vocab_size: int | None = None, allreduce: str = "custom",
+                             moe_kernel: str = "database") -> None:
     from rich.console import Console
 
     from calib.sources import kernel_db_moe
     from calib.sources.kernel_db import build_table
     from calib.sources.kernel_db_comm import check_kind
+    from calib.sources.kernel_db_marlin import check_moe_kernel
     from sim.errors import CbsimError
     from sim.latency.table_format import write_table
 
@@ -260,6 +270,9 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                                 ("max_num_seqs", max_num_seqs)) if v is not None}
     layout = kernel_db_moe.Layout(tp, data_parallel, expert_parallel)
     check_kind(allreduce)
+    check_moe_kernel(moe_kernel)
+    if moe_kernel != DEFAULTS["moe_kernel"] and draft is not None:
+        raise CbsimError(f"--moe-kernel {moe_kernel} prices the target's routed experts; drop it for --draft")
     if allreduce != "custom" and (draft is not None or kernel_db_moe.takes(model, layout)):
         raise CbsimError(f"--allreduce {allreduce} prices dense models' tensor-parallel tables; drop it for "
                          "--draft and for MLA, 4-bit-expert, expert- or data-parallel tables")
@@ -274,9 +287,12 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     elif draft is not None:  # the speculative head's table (dense: one layer at the model's width)
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
                            block_size=block_size, draft=draft, draft_vocab_size=draft_vocab_size, **limits)
-    elif kernel_db_moe.takes(model, layout):  # MLA, 4-bit experts, expert or data parallelism
+    elif moe_kernel != DEFAULTS["moe_kernel"] or kernel_db_moe.takes(model, layout):
+        # MLA, 4-bit experts, expert or data parallelism, or another experts' kernel (which refuses the
+        # models and engines it does not apply to)
         comp = kernel_db_moe.build_table(model, gpu, layout, dtype=dtype, engine=engine,
-                                         engine_version=engine_version, block_size=block_size, **limits)
+                                         engine_version=engine_version, block_size=block_size,
+                                         moe_kernel=moe_kernel, **limits)
     else:
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
                            block_size=block_size, allreduce=allreduce, **limits)
@@ -284,7 +300,8 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     meta["provenance"] = {"command": kernel_db_command(
         out, model=model, gpu=gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
         block_size=block_size, limits=limits, data_parallel=data_parallel, expert_parallel=expert_parallel,
-        draft=draft, draft_vocab_size=draft_vocab_size, allreduce=allreduce), **meta["provenance"]}
+        draft=draft, draft_vocab_size=draft_vocab_size, allreduce=allreduce, moe_kernel=moe_kernel),
+        **meta["provenance"]}
     write_table(out, comp.table)
     t = comp.table
     prov, err = meta["provenance"], meta.get("aic_agreement") or meta["heldout_error"]
@@ -309,7 +326,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
 def kernel_db_command(out: Path, *, model: str, gpu: str, tp: int, dtype: str | None, engine: str,
                       engine_version: str | None, block_size: int, limits: dict, data_parallel: int,
                       expert_parallel: bool, draft: str | None, draft_vocab_size: int | None,
-                      allreduce: str) -> str:
+                      allreduce: str, moe_kernel: str = "database") -> str:
     """The ``cbsim calibrate --from-kernel-db`` command that builds this table again (metadata
     ``provenance.command``): the options as given, those left at their default omitted, ``--out`` as
     given (relative to the folder it was run from). tests/test_shipped_tables.py runs each shipped
@@ -321,6 +338,7 @@ def kernel_db_command(out: Path, *, model: str, gpu: str, tp: int, dtype: str | 
         ("--tp", tp, DEFAULTS["tp"]), ("--data-parallel", data_parallel, DEFAULTS["data_parallel"]),
         ("--dtype", dtype, None), ("--engine", engine, DEFAULTS["engine"]), ("--engine-version", engine_version, None),
         ("--block-size", block_size, DEFAULTS["block_size"]), ("--allreduce", allreduce, DEFAULTS["allreduce"]),
+        ("--moe-kernel", moe_kernel, DEFAULTS["moe_kernel"]),
         ("--draft", draft, None),
         ("--draft-vocab-size", draft_vocab_size, None),
         *((f"--{k.replace('_', '-')}", v, None) for k, v in limits.items())) if value != default]

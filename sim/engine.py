@@ -77,7 +77,7 @@ from sim.workload.sharing import shareable_tokens
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 
 MAX_STRETCH = 4096  # steps fast-forwarded at once at most (bounds the arrays of one stretch)
-MIN_STRETCH = 2  # shorter stretches are stepped normally
+MIN_STRETCH = 2  # shorter stretches are stepped normally (but where arrivals may be crossed: _prepare_stretch)
 SHORT_STRETCH = 48  # stretches up to this many steps are priced in Python floats, longer ones with NumPy
 # what a stretch's last step hands finish_step for a policy that reads no plan there
 # (Policy.finish_step_reads_plan): one empty plan, not the batch's lists built again
@@ -377,8 +377,10 @@ class Replica:
         what the stretch changes: stepped one by one, that step was scheduled before the arrival
         and ends after it, and the arrival only queues a request (``Policy.stretch_past_arrivals``)
         and asks a router that reads no KV state; the one figure it changes, the waiting count,
-        goes into the last step's row only. Such a stretch may be one step long (it saves the
-        scheduled decode step that every arrival otherwise costs)."""
+        goes into the last step's row only. Where arrivals may be crossed, a stretch may be one step
+        long: the step an arrival falls in (it saves the scheduled decode step that every arrival
+        otherwise costs), or the step in which a request finishes, which the chain of stretches
+        then goes on from in the same timeout (scheduled alone, it is a bulk step and a timeout)."""
         env, sim = self.env, self.simulation
         origin = env.now  # where SimPy's clock is: the timeout is added to it
         now = origin if start is None else start  # where this stretch starts (later in a chain)
@@ -443,7 +445,7 @@ class Replica:
                 n += 1
             k = n
         crossing = cross and times[k] > arrival
-        if k < (1 if crossing else MIN_STRETCH):
+        if k < (1 if cross else MIN_STRETCH):
             return None
         while True:  # SimPy lands at now + delay: find a delay that lands exactly at the k-th end
             delay = landing_delay(origin, float(times[k]))

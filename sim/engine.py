@@ -390,7 +390,9 @@ class Replica:
         cross = self.cross_arrivals and arrival < horizon and arrival > now
         b = len(batch)
         # a cheap bound from the next step's time (step times grow with the context)
-        dt1 = self.pricer.first_step_time(b, context)
+        pricer = self.pricer
+        step_time = pricer.step_time
+        dt1 = step_time(b, context + b) if step_time is not None else pricer.first_step_time(b, context)
         if not dt1 > 0:
             return None
         room = bound - now
@@ -418,7 +420,6 @@ class Replica:
         k = self.policy.decode_stretch_limit(batch, k)
         if k < least:
             return None
-        pricer = self.pricer
         if k <= SHORT_STRETCH and pricer.steps is not None:
             # a short stretch in plain floats (NumPy's cost per call exceeds the loop's): the same
             # sums in the same order, and the clock added up one step at a time as SimPy adds it

@@ -32,6 +32,9 @@ the arrival and ends after it; its row's ``waiting`` counts the arrival). And a 
 with finishes is followed, in the same timeout, by the stretch the policy offers next from that
 clock (``Replica._chain_stretches``): the stretches are applied at once, their finished requests
 ended at once, except those of a last step containing the arrival, ended after it.
+While every running request emitted at the last step, a vllm-v1 replica knows who finishes when
+from a *finish calendar* (``sim.finish_calendar``): a stretch's length, its finishing requests
+and a bulk step's are read from it instead of from a pass over the batch.
 ``Simulation(..., fast_forward=False)`` or the environment variable ``CBSIM_NO_FAST_FORWARD=1``
 turns it off (for debugging; tests compare both).
 
@@ -55,6 +58,7 @@ import simpy
 
 from policies.base import Policy, Request, Status, StepPlan
 from policies.kv.hiradix import layerwise_overlap
+from sim.finish_calendar import FinishCalendar
 from sim.latency.base import LatencyModel, StepShape, step_shape
 from sim.metrics.recompute import RecomputeTracker
 from sim.metrics.recorder import (
@@ -73,7 +77,7 @@ from sim.workload.sharing import shareable_tokens
 Router = Callable[[RequestSpec, Sequence["Replica"]], int]
 
 MAX_STRETCH = 4096  # steps fast-forwarded at once at most (bounds the arrays of one stretch)
-MIN_STRETCH = 2  # shorter stretches are stepped normally
+MIN_STRETCH = 2  # shorter stretches are stepped normally (but where arrivals may be crossed: _prepare_stretch)
 SHORT_STRETCH = 48  # stretches up to this many steps are priced in Python floats, longer ones with NumPy
 # what a stretch's last step hands finish_step for a policy that reads no plan there
 # (Policy.finish_step_reads_plan): one empty plan, not the batch's lists built again
@@ -134,6 +138,11 @@ class Replica:
         self.on_end: Callable[[RequestRecord], None] | None = None  # closed loop: frees the client (sim.clients)
         self.group = None  # a sim.lockstep.LockstepGroup runs this replica's steps instead of loop()
         self.recompute = RecomputeTracker()
+        # the running requests by the tick they finish at (sim.finish_calendar), while every one
+        # emitted at the last step; None: unknown, the next stretch's pass over its batch builds it.
+        # Only where the running list changes by this replica's steps alone (an arrival queues)
+        self.calendar: FinishCalendar | None = None
+        self.keep_calendar = self.fast_forward and getattr(type(policy), "stretch_past_arrivals", False)
         self.process = env.process(self.loop()) if start else None
 
     def submit(self, rec: RequestRecord) -> None:
@@ -283,13 +292,48 @@ class Replica:
         """The second half: the step ended at ``now`` after the group's ``dt``."""
         _own, plan, shape, flops, bytes_, swap_s, recomputed = item
         if plan.spec_tokens is not None:
+            self.calendar = None
             self._verified_step(plan, now, start, dt, shape, flops, bytes_, swap_s, recomputed)
             return
-        finished = emit_step_tokens(plan.scheduled, self.records, len(self.steps), now, None, plan.num_decodes)
+        cal = self.calendar
+        nd = plan.num_decodes
+        if cal is not None and nd and len(cal.heap) == nd:
+            finished = self._calendar_step(cal, plan, nd, now)
+        else:
+            self.calendar = None
+            finished = emit_step_tokens(plan.scheduled, self.records, len(self.steps), now, None, nd)
         self.policy.finish_step(plan, finished)
+        if self.calendar is not None and len(self.calendar.heap) != self.policy.num_running:
+            self.calendar = None  # someone runs that is not in it (admitted, not scheduled)
         for req in finished:
             self._end(self.records[req.id], "finished")
         self.steps.append(now, start, dt, self.policy, shape, plan, len(finished), flops, bytes_, swap_s, recomputed)
+
+    def _calendar_step(self, cal: FinishCalendar, plan: StepPlan, nd: int, now: float) -> list[Request]:
+        """``emit_step_tokens`` for a bulk step whose decodes are the calendar's members (every
+        running request, each of which emitted at the last step): each emits one token, continuing
+        its run, and those the calendar has at this tick finish; the admitted rest is emitted as
+        usual and joins the calendar if it emitted (else the calendar is dropped)."""
+        scheduled, records = plan.scheduled, self.records
+        whole = nd == len(scheduled)
+        for req in scheduled if whole else scheduled[:nd]:
+            req.num_output_tokens += 1
+        finished = cal.advance(1)
+        for req in finished:
+            req.status = Status.FINISHED
+            records[req.id].finish_s = now
+        if whole:
+            return finished
+        rest = scheduled[nd:]
+        outs = [r.num_output_tokens for r in rest]
+        finished += emit_step_tokens(rest, records, len(self.steps), now)
+        for req, out in zip(rest, outs):
+            if req.num_output_tokens == out:  # did not emit (a prefill chunk): its run stops here
+                self.calendar = None
+                break
+            if req.status is not Status.FINISHED:
+                cal.enter(req, records[req.id].finish_at - req.num_output_tokens)
+        return finished
 
     # --- fast-forward ---------------------------------------------------------------------------
     def _chain_stretches(self, batch: list[Request], context: int):
@@ -333,8 +377,10 @@ class Replica:
         what the stretch changes: stepped one by one, that step was scheduled before the arrival
         and ends after it, and the arrival only queues a request (``Policy.stretch_past_arrivals``)
         and asks a router that reads no KV state; the one figure it changes, the waiting count,
-        goes into the last step's row only. Such a stretch may be one step long (it saves the
-        scheduled decode step that every arrival otherwise costs)."""
+        goes into the last step's row only. Where arrivals may be crossed, a stretch may be one step
+        long: the step an arrival falls in (it saves the scheduled decode step that every arrival
+        otherwise costs), or the step in which a request finishes, which the chain of stretches
+        then goes on from in the same timeout (scheduled alone, it is a bulk step and a timeout)."""
         env, sim = self.env, self.simulation
         origin = env.now  # where SimPy's clock is: the timeout is added to it
         now = origin if start is None else start  # where this stretch starts (later in a chain)
@@ -344,7 +390,9 @@ class Replica:
         cross = self.cross_arrivals and arrival < horizon and arrival > now
         b = len(batch)
         # a cheap bound from the next step's time (step times grow with the context)
-        dt1 = self.pricer.first_step_time(b, context)
+        pricer = self.pricer
+        step_time = pricer.step_time
+        dt1 = step_time(b, context + b) if step_time is not None else pricer.first_step_time(b, context)
         if not dt1 > 0:
             return None
         room = bound - now
@@ -354,17 +402,24 @@ class Replica:
         # steps that can end before the bound, and with ``cross`` the one after them
         k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1 + cross)
         # no request may finish before the stretch's last step: stop at the first one's last token
-        records = self.records
-        for req in batch:
-            margin = records[req.id].finish_at - req.num_output_tokens
+        cal = self.calendar
+        if cal is not None and len(cal.heap) == b == self.policy.num_running:
+            margin = cal.margin(k)  # the least finish_at - num_output_tokens of the batch
             if margin < k:
                 k = margin
                 if k < least:
                     return None
+        else:
+            records = self.records
+            for req in batch:
+                margin = records[req.id].finish_at - req.num_output_tokens
+                if margin < k:
+                    k = margin
+                    if k < least:
+                        return None
         k = self.policy.decode_stretch_limit(batch, k)
         if k < least:
             return None
-        pricer = self.pricer
         if k <= SHORT_STRETCH and pricer.steps is not None:
             # a short stretch in plain floats (NumPy's cost per call exceeds the loop's): the same
             # sums in the same order, and the clock added up one step at a time as SimPy adds it
@@ -391,7 +446,7 @@ class Replica:
                 n += 1
             k = n
         crossing = cross and times[k] > arrival
-        if k < (1 if crossing else MIN_STRETCH):
+        if k < (1 if cross else MIN_STRETCH):
             return None
         while True:  # SimPy lands at now + delay: find a delay that lands exactly at the k-th end
             delay = landing_delay(origin, float(times[k]))
@@ -404,16 +459,17 @@ class Replica:
         waiting = self.policy.num_waiting if crossing else None  # the rows before the arrival's
         return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting
 
-    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before, defer_ends=False):
-        """The stretch's steps on the policy, the records and the step rows; the requests that
-        finish in its last step end here, or with ``defer_ends`` are returned for the caller to
-        end."""
-        policy, records, steps = self.policy, self.records, self.steps
-        step = len(steps)  # the stretch's first step on this replica
-        last_time = float(times[k])
+    def _stretch_pass(self, batch, k, times) -> list[Request]:
+        """A stretch's runs and finishes, request by request: each request's run goes on or
+        starts (a first token) or breaks, and those that reach their ``finish_at`` in the last step
+        are returned in batch order. Where the batch is every running request, the others go
+        into a new finish calendar."""
+        records = self.records
+        step = len(self.steps)  # the stretch's first step on this replica
         first_time = None
         finishing = []
-        for req in batch:
+        entries = [] if self.keep_calendar and len(batch) == self.policy.num_running else None
+        for rank, req in enumerate(batch):
             out = req.num_output_tokens
             rec = records[req.id]
             if out == 0:  # a 1-token prompt remainder: its first token comes with the first step
@@ -424,10 +480,29 @@ class Replica:
                 rec.run_tok = 0
             elif step - rec.run_step != out - rec.run_tok:
                 rec.break_run(step, out)
-            if out + k >= rec.finish_at:  # only in the last step (see _prepare_stretch)
+            margin = rec.finish_at - out - k
+            if margin <= 0:  # only in the last step (see _prepare_stretch)
                 finishing.append(req)
-        kv_used, reserved, stored = policy.advance_decodes(batch, k)
+            elif entries is not None:
+                entries.append((margin, rank, req))
+        self.calendar = None if entries is None else FinishCalendar(entries, len(batch))
+        return finishing
+
+    def _apply_stretch(self, batch, k, times, dts, flops, bytes_, waiting_before, defer_ends=False):
+        """The stretch's steps on the policy, the records and the step rows; the requests that
+        finish in its last step end here, or with ``defer_ends`` are returned for the caller to
+        end."""
+        policy, records, steps = self.policy, self.records, self.steps
+        last_time = float(times[k])
         b = len(batch)  # batch may be the policy's own running list: finish_step changes it
+        cal = self.calendar
+        if cal is not None and len(cal.heap) == b == policy.num_running:
+            # every request emitted at the last step (its run goes on) and the calendar knows
+            # who finishes in the last one
+            finishing = cal.advance(k)
+        else:
+            finishing = self._stretch_pass(batch, k, times)
+        kv_used, reserved, stored = policy.advance_decodes(batch, k)
         running, waiting = policy.num_running, policy.num_waiting
         if finishing:  # the last step ends these requests, as a single step would
             last = StepPlan(scheduled=list(batch), num_new_tokens=[1] * b,

@@ -48,6 +48,25 @@ def test_the_columns_give_the_specs_of_the_list(monkeypatch):
         cols[300]
 
 
+@pytest.mark.parametrize("fallback", [False, True])
+def test_the_spec_maker_makes_the_dataclass_spec(monkeypatch, fallback):
+    """spec_maker's specs (set slot by slot) equal, hash and stay frozen as RequestSpec's own; with
+    defaults other than it writes down (RequestSpec changed) it is the plain constructor."""
+    import dataclasses
+
+    from sim.workload.request_spec import RequestSpec
+
+    if fallback:
+        monkeypatch.setitem(spec_columns._DEFAULTS, "client", -2)
+    make = spec_columns.spec_maker()
+    for cut in ("", "prompt clipped"):
+        made, built = make("r000007", 1.25, 300, 40, 512, cut), RequestSpec("r000007", 1.25, 300, 40, 512, cut=cut)
+        assert type(made) is RequestSpec and made == built and hash(made) == hash(built)
+        assert dataclasses.astuple(made) == dataclasses.astuple(built)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.arrival_s = 2.0
+
+
 @pytest.mark.parametrize("columns,flush", [(False, None), (True, None), (True, 7)])
 def test_a_run_gives_the_same_frames_with_or_without_its_records_kept(monkeypatch, columns, flush):
     """``sim.run`` (compact: records made on arrival and let go at their end; the workload as

@@ -139,5 +139,6 @@ def test_stretches_kept_once_give_the_frame_of_rows_written_one_by_one():
     assert a["waiting"].tolist() == [3, 2, 2, 2, 1, 6, 9]
     # the laid-out columns replace the stepped rows' storage (no second copy), and are kept
     assert len(kept.columns["running"]) == 0 and merge_steps_frame([kept]).equals(a)
+    assert not any(kept.runs.values())  # and the stretch table goes once every column is laid out
     with pytest.raises(RuntimeError, match="rows are final"):  # once a frame was built: no row lands misplaced
         _row(kept, 3.0, 102)

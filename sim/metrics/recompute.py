@@ -44,12 +44,16 @@ class RecomputeTracker:
                 if done > 0:
                     self.owed[req.id] = max(done, self.owed.get(req.id, 0))
         nn = plan.num_new_tokens
-        if not nn or max(nn) == 1 and min(plan.context) > 0:
+        nd = plan.num_decodes
+        if nd:  # the plan's leading num_decodes are decodes: the rest is looked at below
+            if nd == len(nn):
+                return 0, 0.0
+        elif not nn or max(nn) == 1 and min(plan.context) > 0:
             return 0, 0.0  # decodes only: nothing to recompute, no prefill to follow
         tokens, pairs = 0, 0.0
         owed, partial, ctx, sched = self.owed, self.partial, plan.context, plan.scheduled
         # the plan's leading num_decodes are decodes (one token on a non-empty context)
-        for i in [i for i in range(plan.num_decodes, len(nn)) if nn[i] != 1 or ctx[i] == 0]:
+        for i in [i for i in range(nd, len(nn)) if nn[i] != 1 or ctx[i] == 0]:
             req, n, c = sched[i], nn[i], ctx[i]
             rid = req.id
             end = c + n

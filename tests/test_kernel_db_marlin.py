@@ -35,10 +35,16 @@ def test_the_option_is_refused_where_it_does_not_apply():
 
     with pytest.raises(CbsimError, match=r"--moe-kernel 'marlinn' is not one of database, marlin \(did you mean"):
         check_moe_kernel("marlinn")
-    with pytest.raises(CbsimError, match="^--moe-kernel marlin prices vLLM's Marlin MXFP4 MoE kernel .*for sglang$"):
+    with pytest.raises(CbsimError, match="^--moe-kernel marlin prices vLLM's Marlin MXFP4 MoE kernel .*for sglang; "
+                                         "drop --moe-kernel, or use --engine vllm$"):
         _db("h200", Layout(8), "marlin", engine="sglang")
-    with pytest.raises(CbsimError, match=r"MXFP4 experts \(gpt-oss\); 'llama-3-8b' has no experts$"):
+    with pytest.raises(CbsimError, match=r"MXFP4 experts \(gpt-oss\); 'llama-3-8b' has no experts: drop --moe-kernel$"):
         MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(), moe_kernel="marlin")
+    # a typo in another option is named as that, not as a Marlin refusal
+    with pytest.raises(CbsimError, match=r"^--engine 'vllmm' is not one of .*did you mean 'vllm'"):
+        _db("h200", Layout(8), "marlin", engine="vllmm")
+    with pytest.raises(CbsimError, match="tensor_parallel=3 does not divide its 64 attention heads"):
+        _db("h200", Layout(3), "marlin")
     assert "has bf16/fp8 experts" in refusal(resolve_model("deepseek-ai/DeepSeek-V3").spec, "vllm")
     # the A100's vLLM 0.14.0 rows have no Marlin MXFP4 MoE measurement at all
     with pytest.raises(CbsimError, match="^--moe-kernel marlin: the kernel database has no Marlin MXFP4 MoE rows "

@@ -160,11 +160,12 @@ def test_the_models_own_marlin_rows_are_priced_as_the_database_prices_them():
     """On the L40S vLLM has no Triton MXFP4 kernel and the database times gpt-oss's experts with Marlin
     itself: the option then reads those rows as measured, and lands on AIConfigurator's own operator
     (its layer count, token distribution and interpolation between rows), at measured token counts and
-    between them, tensor- or expert-parallel."""
+    between them, tensor- or expert-parallel, and under attention data parallelism."""
     require_aic()
     from calib.sources.kernel_db_moe import Layout
 
-    for layout in (Layout(4), Layout(8, 1, True)):
+    # attention DP: the experts see every rank's tokens (T x D), as AIConfigurator prices them
+    for layout in (Layout(4), Layout(8, 1, True), Layout(1, 8, True)):
         base, mine = _db("l40s", layout), _db("l40s", layout, "marlin")
         assert (mine.marlin.ratio, mine.marlin.scale) == (1.0, 1.0)
         for tokens in (1, 16, 100, 1024, 3000, 8192):

@@ -35,10 +35,16 @@ def test_the_option_is_refused_where_it_does_not_apply():
 
     with pytest.raises(CbsimError, match=r"--moe-kernel 'marlinn' is not one of database, marlin \(did you mean"):
         check_moe_kernel("marlinn")
-    with pytest.raises(CbsimError, match="^--moe-kernel marlin prices vLLM's Marlin MXFP4 MoE kernel .*for sglang$"):
+    with pytest.raises(CbsimError, match="^--moe-kernel marlin prices vLLM's Marlin MXFP4 MoE kernel .*for sglang; "
+                                         "drop --moe-kernel, or use --engine vllm$"):
         _db("h200", Layout(8), "marlin", engine="sglang")
-    with pytest.raises(CbsimError, match=r"MXFP4 experts \(gpt-oss\); 'llama-3-8b' has no experts$"):
+    with pytest.raises(CbsimError, match=r"MXFP4 experts \(gpt-oss\); 'llama-3-8b' has no experts: drop --moe-kernel$"):
         MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(), moe_kernel="marlin")
+    # a typo in another option is named as that, not as a Marlin refusal
+    with pytest.raises(CbsimError, match=r"^--engine 'vllmm' is not one of .*did you mean 'vllm'"):
+        _db("h200", Layout(8), "marlin", engine="vllmm")
+    with pytest.raises(CbsimError, match="tensor_parallel=3 does not divide its 64 attention heads"):
+        _db("h200", Layout(3), "marlin")
     assert "has bf16/fp8 experts" in refusal(resolve_model("deepseek-ai/DeepSeek-V3").spec, "vllm")
     # the A100's vLLM 0.14.0 rows have no Marlin MXFP4 MoE measurement at all
     with pytest.raises(CbsimError, match="^--moe-kernel marlin: the kernel database has no Marlin MXFP4 MoE rows "
@@ -154,11 +160,12 @@ def test_the_models_own_marlin_rows_are_priced_as_the_database_prices_them():
     """On the L40S vLLM has no Triton MXFP4 kernel and the database times gpt-oss's experts with Marlin
     itself: the option then reads those rows as measured, and lands on AIConfigurator's own operator
     (its layer count, token distribution and interpolation between rows), at measured token counts and
-    between them, tensor- or expert-parallel."""
+    between them, tensor- or expert-parallel, and under attention data parallelism."""
     require_aic()
     from calib.sources.kernel_db_moe import Layout
 
-    for layout in (Layout(4), Layout(8, 1, True)):
+    # attention DP: the experts see every rank's tokens (T x D), as AIConfigurator prices them
+    for layout in (Layout(4), Layout(8, 1, True), Layout(1, 8, True)):
         base, mine = _db("l40s", layout), _db("l40s", layout, "marlin")
         assert (mine.marlin.ratio, mine.marlin.scale) == (1.0, 1.0)
         for tokens in (1, 16, 100, 1024, 3000, 8192):

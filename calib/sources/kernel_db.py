@@ -83,6 +83,14 @@ GPU_SYSTEMS = {
     "rtx-pro-6000": "rtx_pro_6000_server",
 }
 ENGINES = ("vllm", "sglang", "trtllm")
+
+
+def check_engine(engine: str) -> str:
+    """``engine`` when the database has it, else the one-line refusal naming ``--engine`` (called before
+    anything that would refuse the table for another reason, so a typo is named as one)."""
+    if engine not in ENGINES:
+        raise CbsimError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}{nearest(engine, ENGINES)}")
+    return engine
 DTYPES = ("bf16", "fp16", "fp8")
 MS = 1e-3  # AIConfigurator's latencies are in milliseconds
 
@@ -261,8 +269,7 @@ class KernelDb:
         from aiconfigurator_core.sdk.perf_database import resolve_query_version
         from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
 
-        if engine not in ENGINES:
-            raise CbsimError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}{nearest(engine, ENGINES)}")
+        check_engine(engine)
         if dtype not in DTYPES:
             raise CbsimError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}{nearest(dtype, DTYPES)}")
         model.spec.check_tp(tp)

@@ -34,7 +34,7 @@ At decode sizes the FLOP ratio also scales the source's fixed cost (its chain of
 align, two Marlin GEMMs, activation, reduction), which a smaller shape does not shorten: on the
 H200 at TP 8 the transfer gives gpt-oss 10 us a layer at 1 token where no Marlin MoE row of the
 database, any shape or layout, is under 40 us (the cheapest: Kimi-K2's INT4 experts at TP 8, 1
-token; the Kimi-K3 MXFP4 rows themselves never go under 60 us). So a layer never costs less than the
+token; the Kimi-K3 MXFP4 rows themselves never go under 59 us). So a layer never costs less than the
 cheapest Marlin MoE layer the database measured on the GPU (:attr:`MarlinMoeRows.floor_ms`). On the
 L40S a floor at the cheapest Kimi-K2 row (31 us) turns the Kimi-K2 transfer's 0.28-0.45x of
 gpt-oss's measured rows at 1 token, TP 4-8, into 1.07-1.14x. (Every one of these rows times vLLM's
@@ -68,10 +68,11 @@ def refusal(spec, engine: str) -> str | None:
     """Why ``--moe-kernel marlin`` cannot price this model in this engine, or None."""
     if engine != "vllm":
         return (f"--moe-kernel marlin prices vLLM's Marlin MXFP4 MoE kernel (VLLM_MXFP4_USE_MARLIN=1); this "
-                f"table is for {engine}")
+                f"table is for {engine}; drop --moe-kernel, or use --engine vllm")
     if getattr(spec, "expert_quantization", None) != "mxfp4":
         what = getattr(spec, "expert_quantization", None) or ("bf16/fp8" if getattr(spec, "num_experts", 0) else "no")
-        return (f"--moe-kernel marlin prices MXFP4 experts (gpt-oss); {spec.name!r} has {what} experts")
+        return (f"--moe-kernel marlin prices MXFP4 experts (gpt-oss); {spec.name!r} has {what} experts: "
+                "drop --moe-kernel")
     return None
 
 
@@ -130,7 +131,8 @@ class MarlinMoeRows:
                 shape = (int(r["hidden_size"]), int(r["inter_size"]), int(r["num_experts"]), int(r["topk"]))
                 shapes.setdefault(shape, {}).setdefault(int(r["num_tokens"]), []).append(float(r["latency"]))
         if not shapes:
-            raise CbsimError(f"--moe-kernel marlin: the kernel database has no Marlin MXFP4 MoE rows for {where}")
+            raise CbsimError(f"--moe-kernel marlin: the kernel database has no Marlin MXFP4 MoE rows for {where}; "
+                             "drop --moe-kernel (the database's own rows), or pick a GPU / layout it measured")
         own = (spec.hidden_size, spec.moe_intermediate_size or spec.intermediate_size, spec.num_experts,
                spec.num_experts_per_tok)
         mine = marlin_flops_per_token(own[0], own[1], 1, moe_tp)

@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calib.sources.kernel_db import KernelDb, ModelSource, Op
+from calib.sources.kernel_db import KernelDb, ModelSource, Op, check_engine
 from calib.sources.kernel_db_marlin import check_moe_kernel, marlin_rows
 from sim.errors import CbsimError
 
@@ -153,8 +153,12 @@ class MoeKernelDb(KernelDb):
         spec.check_ep(layout.moe_ep)
         self.layout = layout
         # the routed experts' kernel (calib/sources/kernel_db_marlin.py): None prices the database's own
-        # rows; refused (model, engine, rows) before anything is compiled
+        # rows; refused (model, engine, rows) before anything is compiled, after the engine and TP
+        # checks, so a typo in either is named as that rather than as a Marlin refusal
         self.moe_kernel = check_moe_kernel(moe_kernel)
+        if moe_kernel == "marlin":
+            check_engine(engine)
+            spec.check_tp(layout.tensor_parallel)
         self.marlin = (marlin_rows(gpu, engine, engine_version, spec, moe_tp=layout.moe_tp, moe_ep=layout.moe_ep)
                        if moe_kernel == "marlin" else None)
         super().__init__(

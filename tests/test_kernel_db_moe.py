@@ -332,3 +332,29 @@ def test_trtllm_runs_mxfp4_experts_with_mxfp8_activations_on_blackwell(monkeypat
     # the database's own rows: the MXFP8 kernels are several times faster from decode to prefill sizes
     for tokens in (4, 256, 4096):
         assert experts_s(mxfp8, tokens) < 0.6 * experts_s(bf16, tokens), tokens
+
+
+def test_a_table_of_mxfp8_experts_says_so_in_its_provenance():
+    """The table prices other rows than the checkpoint's label names (and than AIConfigurator's own
+    predictor, so its agreement cannot show it): its metadata says which."""
+    require_aic()
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import Layout, compose_source
+
+    oss = resolve_model("openai/gpt-oss-120b")
+    kw = dict(max_num_batched_tokens=512, max_model_len=1024, max_num_seqs=8)
+    notes = json.dumps(compose_source(oss, "b200", Layout(), engine="trtllm", **kw).table.metadata["provenance"])
+    assert "w4a8_mxfp4_mxfp8" in notes and "MXFP8 activations" in notes
+    hopper = json.dumps(compose_source(oss, "h200", Layout(), engine="trtllm", **kw).table.metadata["provenance"])
+    assert "w4a8_mxfp4_mxfp8" not in hopper
+
+
+def test_a_gpu_whose_data_lacks_a_table_is_one_error_naming_the_remedy():
+    """The A100's vLLM rows have no sliding-window context attention: gpt-oss cannot be priced
+    there, and the command says so in one line instead of a traceback from the database."""
+    require_aic()
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import Layout, MoeKernelDb
+
+    with pytest.raises(CbsimError, match=r"a100_sxm in vllm .*context attention data missing.*choose another --gpu"):
+        MoeKernelDb(resolve_model("openai/gpt-oss-120b"), "a100-80gb", Layout(), engine="vllm")

@@ -297,16 +297,18 @@ class KernelDb:
         try:
             self.handle = EngineHandle.compile(self._dir.name, self.system, engine,
                                                backend_version=self.engine_version, **kwargs)
+            # the compiled operator lists position by position: the indices evaluate_*_ops take;
+            # listing them evaluates every operator once, where a table the GPU's data lacks shows
+            self.context_ops = spec_op_names(self.handle.evaluate_context_ops)
+            gen_ops = spec_op_names(self.handle.evaluate_generation_ops)
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CbsimError(f"{PACKAGE} cannot model {model.spec.name!r} on {self.system} in {engine} "
-                             f"{self.engine_version} at tp {tp}: {exc}") from None
-        # the compiled operator lists position by position: the indices evaluate_*_ops take
-        self.context_ops = spec_op_names(self.handle.evaluate_context_ops)
+                             f"{self.engine_version} at tp {tp}: {str(exc).split(' at /')[0]}; the database "
+                             f"has no such rows for this GPU and engine: choose another --gpu or --engine") from None
         self._attn = [i for i, n in enumerate(self.context_ops) if self.is_attention_op(n)]
         self._linear = [i for i, n in enumerate(self.context_ops) if i not in self._attn and "logits" not in n]
         # the LM head from the generation list: AIConfigurator's MoE models leave it out of their
         # context list (a per-sequence GEMM, the same kernel either way)
-        gen_ops = spec_op_names(self.handle.evaluate_generation_ops)
         self._gen_attn = [i for i, n in enumerate(gen_ops) if self.is_attention_op(n)]
         self._per_seq = [i for i, n in enumerate(gen_ops) if "logits" in n]
         if not self._attn or not self._per_seq or not self._gen_attn:

@@ -456,6 +456,13 @@ def compose_source(
         notes["first dense layers"] = MODELLED_DENSE_LAYERS
     if db.marlin is not None:
         notes["moe kernel"] = db.marlin.describe()
+    mode = db.compile_kwargs().get("moe_quant_mode")
+    if mode == "w4a8_mxfp4_mxfp8":  # not the checkpoint's label (moe_quant_mode's docstring)
+        notes["moe activations"] = (
+            "routed experts priced from the database's w4a8_mxfp4_mxfp8 rows (MXFP4 weights, MXFP8 activations), "
+            "not the checkpoint's w4a16_mxfp4: TensorRT-LLM quantizes the MoE activations to MXFP8 on Blackwell "
+            "(examples/models/core/gpt_oss/README.md); AIConfigurator's own predictor prices w4a16_mxfp4"
+        )
     if notes:
         prov = meta.setdefault("provenance", {}) or {}
         modelled = prov.get("modelled")

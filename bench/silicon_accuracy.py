@@ -623,22 +623,13 @@ MARLIN_SINCE = (0, 13)  # the vLLM image InferenceMAX's PR #327 moved to with th
 
 def moe_kernel_of(row: Row, choice: str = MOE_KERNEL) -> str:
     """The routed experts' kernel a row's table prices under ``--moe-kernel choice``."""
+    from sim.latency.engine_cpu import parse_version
+
     if choice != "auto":
         return choice
     marlin = (is_inferencemax(row) and row.engine == "vllm" and "gpt-oss" in row.model.lower()
-              and row.system in MARLIN_SYSTEMS and _version(row.version) >= MARLIN_SINCE)
+              and row.system in MARLIN_SYSTEMS and parse_version(row.version) >= MARLIN_SINCE)
     return "marlin" if marlin else "database"
-
-
-def _version(text: str) -> tuple[int, ...]:
-    """``0.18.0`` -> (0, 18, 0); the leading numbers only, () when there are none."""
-    parts = []
-    for p in text.split("."):
-        m = re.match(r"\d+", p)
-        if not m:
-            break
-        parts.append(int(m.group()))
-    return tuple(parts)
 
 
 def inferencemax_lengths(isl: int, osl: int, n: int, ratio: float = INFERENCEMAX_RANGE_RATIO,

@@ -173,6 +173,27 @@ class ModelSource:
     origin: str  # where the config came from, in words
 
 
+
+def systems_root() -> Path:
+    """aiconfigurator-core's ``systems`` folder: each GPU's ``<system>.yaml`` and its data."""
+    import importlib.resources as res
+
+    return Path(str(res.files("aiconfigurator_core") / "systems"))
+
+
+def system_yaml(system: str) -> dict[str, Any]:
+    """The database's ``<system>.yaml`` (the GPU's spec, ``data_dir``, NCCL version, ...)."""
+    import yaml
+
+    return yaml.safe_load((systems_root() / f"{system}.yaml").read_text()) or {}
+
+
+def system_data_dir(system: str, spec: dict[str, Any] | None = None) -> Path:
+    """The folder of the system's measurements (``data_dir`` of its yaml; ``data/<system>`` by default)."""
+    spec = system_yaml(system) if spec is None else spec
+    return systems_root() / spec.get("data_dir", f"data/{system}")
+
+
 def resolve_model(model: str) -> ModelSource:
     """MODEL as a cbsim model id, ``ORG/NAME`` or the path of a config.json (or its folder)."""
     from sim.hardware.models import get_model
@@ -323,11 +344,8 @@ class KernelDb:
         self.allreduce = check_kind(allreduce)
         self._nccl = None
         if self.allreduce == "nccl" and tp > 1:
-            import importlib.resources as res
-
-            root = Path(str(res.files("aiconfigurator_core") / "systems"))
             spec = self._system_yaml()
-            self._nccl = AllReduceRows(root / spec.get("data_dir", f"data/{self.system}"), engine,
+            self._nccl = AllReduceRows(system_data_dir(self.system, spec), engine,
                                        self.engine_version, (spec.get("misc") or {}).get("nccl_version"))
 
     def compile_kwargs(self) -> dict[str, Any]:
@@ -345,10 +363,7 @@ class KernelDb:
     def _has_compute_scale_rows(self) -> bool:
         """Whether the database measured the dynamic scale's own cost (``quantize/<engine>/<version>/
         computescale_perf.parquet``), which AIConfigurator's ``fp8_static`` mode takes out of its fp8 rows."""
-        import importlib.resources as res
-
-        root = Path(str(res.files("aiconfigurator_core") / "systems"))
-        data = root / self._system_yaml().get("data_dir", f"data/{self.system}")
+        data = system_data_dir(self.system)
         return (data / "quantize" / self.engine / self.engine_version / "computescale_perf.parquet").is_file()
 
     @staticmethod
@@ -527,24 +542,16 @@ class KernelDb:
         return self.handle.predict_decode_latency(batch, isl, 2) * MS
 
     def _system_yaml(self) -> dict[str, Any]:
-        import importlib.resources as res
-
-        import yaml
-
-        root = Path(str(res.files("aiconfigurator_core") / "systems"))
-        return yaml.safe_load((root / f"{self.system}.yaml").read_text())
+        return system_yaml(self.system)
 
     def _generation_kernel(self) -> str | None:
         """The kernel the engine's default attention backend ran for this model's heads in the
         generation-attention rows (the label AIConfigurator's collector records as ``kernel_source``;
         rows collected under an explicit backend override, e.g. FlashInfer or Triton, are not the
         default), or None when the rows say nothing."""
-        import importlib.resources as res
-
         import pyarrow.parquet as pq
 
-        root = Path(str(res.files("aiconfigurator_core") / "systems"))
-        data = root / self._system_yaml().get("data_dir", f"data/{self.system}")
+        data = system_data_dir(self.system)
         path = data / "attention" / self.engine / self.engine_version / "generation_attention_perf.parquet"
         if not path.is_file():
             return None
@@ -559,14 +566,12 @@ class KernelDb:
     # --- provenance ----------------------------------------------------------------------------
     def data_files(self) -> dict[str, Any]:
         """The parquet files the engine version reads, with the device column and collection notes."""
-        import importlib.resources as res
-
         import pyarrow.parquet as pq
         import yaml
 
-        root = Path(str(res.files("aiconfigurator_core") / "systems"))
-        spec = yaml.safe_load((root / f"{self.system}.yaml").read_text())
-        data = root / spec.get("data_dir", f"data/{self.system}")
+        root = systems_root()
+        spec = system_yaml(self.system)
+        data = system_data_dir(self.system, spec)
         out: dict[str, Any] = {}
         for family in ("gemm", "attention", "comm", "moe"):
             folder = data / family / self.engine / self.engine_version

@@ -79,12 +79,9 @@ def refusal(spec, engine: str) -> str | None:
 def marlin_rows(gpu: str, engine: str, engine_version: str | None, spec, *, moe_tp: int, moe_ep: int):
     """:class:`MarlinMoeRows` of the database's system for ``gpu`` and the engine version a table of it
     prices (resolved as :class:`calib.sources.kernel_db.KernelDb` resolves it), or the one-line refusal."""
-    import importlib.resources as res
-
-    import yaml
     from aiconfigurator_core.sdk.perf_database import resolve_query_version
 
-    from calib.sources.kernel_db import aic_system
+    from calib.sources.kernel_db import aic_system, system_data_dir
 
     why = refusal(spec, engine)
     if why:
@@ -94,9 +91,8 @@ def marlin_rows(gpu: str, engine: str, engine_version: str | None, spec, *, moe_
         version = resolve_query_version(system, engine, engine_version or "current")
     except ValueError as exc:
         raise CbsimError(f"--engine-version: {exc}") from None
-    root = Path(str(res.files("aiconfigurator_core") / "systems"))
-    data_dir = (yaml.safe_load((root / f"{system}.yaml").read_text()) or {}).get("data_dir", f"data/{system}")
-    return MarlinMoeRows(root / data_dir, engine, version, spec, moe_tp=moe_tp, moe_ep=moe_ep, system=system)
+    return MarlinMoeRows(system_data_dir(system), engine, version, spec, moe_tp=moe_tp, moe_ep=moe_ep,
+                         system=system)
 
 
 def marlin_flops_per_token(hidden: int, inter: int, topk: int, moe_tp: int) -> int:

@@ -218,6 +218,7 @@ class Row:
     no_overlap: bool = False  # --no-overlap: TensorRT-LLM rows with disable_overlap_scheduler (a sensitivity)
     client: str = "inferencemax"  # --client: how the benchmark client is replayed (CLIENTS; default CLIENT)
     moe_kernel: str = "database"  # the routed experts' kernel its table prices (moe_kernel_of)
+    vllm_async: str = "version"  # --vllm-async: how a vLLM row's async scheduling is chosen (vllm_async_scheduling)
 
     @property
     def table_key(self) -> tuple:
@@ -632,6 +633,28 @@ def moe_kernel_of(row: Row, choice: str = MOE_KERNEL) -> str:
     return "marlin" if marlin else "database"
 
 
+# A vLLM server schedules asynchronously only from vLLM 0.14 unless launched with --async-scheduling
+# (sim.latency.engine_cpu.async_scheduling_default: PR #27614, the v0.14.0 release notes). Which rows
+# say how their server was launched: InferenceMAX's vLLM scripts (70b_fp8_h100_slurm.sh,
+# 70b_fp8_h200_slurm.sh, gptoss_fp4_h100_slurm.sh and gptoss_fp4_b200.sh write ``async-scheduling: true``
+# into the server's config.yaml; 70b_b200_slurm.sh passes --async-scheduling), so its rows run
+# asynchronously whatever the image (:func:`inferencemax_server` sets it). AIConfigurator's gap-analysis rows (vLLM 0.12.0: Qwen3-32B H100, Qwen3-235B-A22B-FP8 and
+# Llama-3.1-8B-Instruct-FP8 H200) were served from its generator's vLLM 0.12.0 arguments
+# (generator/config/backend_templates/vllm/cli_args.0.12.0.j2), which pass no --async-scheduling: those
+# servers ran vLLM 0.12.0's default, synchronous. Rows without a version keep cbsim's default (async).
+VLLM_ASYNC = "version"
+
+
+def vllm_async_scheduling(row: Row) -> bool:
+    """Whether a vLLM row's server scheduled asynchronously (the block above); ``--vllm-async always``
+    (``row.vllm_async``) gives every row cbsim's default, asynchronous (the comparison)."""
+    from sim.latency.engine_cpu import async_scheduling_default
+
+    if row.vllm_async == "always" or is_inferencemax(row) or not row.version:
+        return True
+    return async_scheduling_default("vllm", row.version)
+
+
 def inferencemax_lengths(isl: int, osl: int, n: int, ratio: float = INFERENCEMAX_RANGE_RATIO,
                          seed: int = INFERENCEMAX_SEED):
     """(prompt lengths, output lengths) of the ``n`` requests bench_serving's random dataset draws:
@@ -666,7 +689,7 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
 
     * vLLM (70b_fp8_h100_slurm.sh, 70b_fp8_h200_slurm.sh, gptoss_fp4_h100_slurm.sh, gptoss_fp4_h200.sh):
       ``--max-num-seqs CONC``, ``max-num-batched-tokens: 8192``, ``no-enable-prefix-caching``,
-      ``--gpu-memory-utilization 0.9``, async scheduling (cbsim's default), and for Llama-3.1-70B
+      ``--gpu-memory-utilization 0.9``, ``async-scheduling: true`` (:func:`vllm_async_scheduling`), and for Llama-3.1-70B
       ``kv-cache-dtype: fp8``.
     * SGLang DeepSeek-R1 (dsr1_fp8_h200.sh): ``--disable-radix-cache --max-running-requests 512`` at
       1k/1k, 256 otherwise, ``--chunked-prefill-size 32768 --max-prefill-tokens 32768
@@ -679,7 +702,8 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
     hardware: dict = {}
     model = row.model.lower()
     if row.engine == "vllm" and ("llama-3.1-70b" in model or "gpt-oss" in model):
-        engine = {"max_num_seqs": row.concurrency, "max_num_batched_tokens": 8192, "enable_prefix_caching": False}
+        engine = {"max_num_seqs": row.concurrency, "max_num_batched_tokens": 8192, "enable_prefix_caching": False,
+                  "async_scheduling": True}
         hardware = {"gpu_memory_utilization": 0.9}
         if "llama-3.1-70b" in model:
             engine["kv_cache_dtype"] = "fp8"
@@ -722,6 +746,8 @@ def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec
                   count=row.tp * row.data_parallel)
         if row.mla:
             sc["engine"]["block_size"] = MLA_BLOCK_SIZE
+    if row.engine == "vllm" and not vllm_async_scheduling(row):
+        sc["engine"]["async_scheduling"] = False  # the step is the GPU's time plus the engine's CPU time
     if row.engine == "trtllm":
         # A TensorRT-LLM token budget of max(8192, prompt + clients), dense and MoE rows alike. At its
         # default 8192 with chunking off an 8192-token context enters only an empty step, which
@@ -1202,6 +1228,10 @@ def parser() -> argparse.ArgumentParser:
                          "InferenceMAX vLLM gpt-oss rows on H100/H200, whose launch scripts set "
                          "VLLM_MXFP4_USE_MARLIN=1; the database's own rows otherwise); database: the database's "
                          "rows for every row (the comparison)")
+    ap.add_argument("--vllm-async", choices=("version", "always"), default=VLLM_ASYNC,
+                    help="how a vLLM row's async scheduling is chosen (default version: as its server ran it, "
+                         "asynchronous from vLLM 0.14 or where its launch script sets async-scheduling, "
+                         "synchronous before; always: cbsim's default, asynchronous, for every row, the comparison)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--mtp", default=None, metavar="K:RATE",
                     help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
@@ -1255,6 +1285,7 @@ def main(argv=None) -> int:
         r.aic_config = args.aic_config
         r.no_overlap = args.no_overlap
         r.client = args.client
+        r.vllm_async = args.vllm_async
     spec = mtp_section(args.mtp)
     if spec is not None:
         for r in priced:
@@ -1283,6 +1314,8 @@ def main(argv=None) -> int:
             settings["client"] = args.client
         if args.moe_kernel != MOE_KERNEL:
             settings["moe_kernel"] = args.moe_kernel
+        if args.vllm_async != VLLM_ASYNC:
+            settings["vllm_async"] = args.vllm_async
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)
@@ -1310,6 +1343,7 @@ def main(argv=None) -> int:
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
               "phase": args.phase, "client": args.client, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp, "slots_short": args.slots_short,
               "aic_config": args.aic_config, "no_overlap": args.no_overlap, "moe_kernel": args.moe_kernel,
+              "vllm_async": args.vllm_async,
               "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),

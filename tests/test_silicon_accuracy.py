@@ -135,7 +135,34 @@ def test_deepseek_gpt_oss_and_kimi_rows_are_priced_as_their_checkpoints_ship():
     assert hw["engine"]["block_size"] == MLA_BLOCK_SIZE
     assert hw["engine"]["max_num_batched_tokens"] == 8192 + 64  # one prompt beside the other clients
     assert "block_size" not in scenario_of(oss, "t", 4)["engine"]
-    assert scenario_of(dense, "t", 4) == _scenario(dense, "t", 4)
+    sc = scenario_of(dense, "t", 4)
+    assert sc["engine"].pop("async_scheduling") is False  # vLLM 0.12.0 without the flag: vllm_async_scheduling
+    assert sc == _scenario(dense, "t", 4)
+
+
+def test_vllm_rows_schedule_asynchronously_as_their_servers_were_launched():
+    """vLLM made async scheduling its default in 0.14 (PR #27614): a 0.12.0 server launched without
+    --async-scheduling (AIConfigurator's gap-analysis rows) steps synchronously, GPU time plus the
+    engine's CPU time; InferenceMAX's scripts set async-scheduling: true whatever the image; a row of
+    0.14 or later, or of no stated version, keeps cbsim's default. ``--vllm-async always`` restores
+    the default everywhere, and engines other than vLLM are left alone."""
+    from bench.silicon_accuracy import parser, scenario_of, vllm_async_scheduling
+
+    gap = _row(model="Qwen/Qwen3-32B", source="source_file=/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/q.csv")
+    imax = _row(version="", isl=1024, osl=1024, source="source_file=2026-04-06.csv; model=Llama-3.1-70B")
+    assert not vllm_async_scheduling(gap)
+    assert scenario_of(gap, "t", 4)["engine"]["async_scheduling"] is False
+    for row in (imax, _row(version="0.14.0"), _row(version="0.16.0"), _row(version=""),
+                _row(version="0.12.0", isl=1024, osl=1024, source="source_file=2025-12-08.csv")):
+        assert vllm_async_scheduling(row), row
+        assert "async_scheduling" not in scenario_of(row, "t", 4)["engine"]
+    assert not vllm_async_scheduling(_row(version="0.13.0")) and vllm_async_scheduling(_row(version="0.14.1"))
+    gap.vllm_async = "always"
+    assert vllm_async_scheduling(gap) and "async_scheduling" not in scenario_of(gap, "t", 4)["engine"]
+    trt = _row(engine="trtllm", policy="trtllm", version="0.12.0")
+    assert "async_scheduling" not in scenario_of(trt, "t", 4)["engine"]
+    assert parser().parse_args([]).vllm_async == "version"
+    assert parser().parse_args(["--vllm-async", "always"]).vllm_async == "always"
 
 
 def test_group_statistics_are_median_and_p90_of_the_absolute_error():
@@ -404,7 +431,8 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
     prompts, outputs = inferencemax_lengths(1024, 1024, 160)
     assert lines[1:] == [f"0,{p},{o}" for p, o in zip(prompts, outputs)]
     assert sc["engine"] | {"max_model_len": 0} == {"max_model_len": 0, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
-                                                    "enable_prefix_caching": False, "kv_cache_dtype": "fp8"}
+                                                    "enable_prefix_caching": False, "kv_cache_dtype": "fp8",
+                                                    "async_scheduling": True}
     assert sc["hardware"]["gpu_memory_utilization"] == 0.9
     vllm.slots_short = 1  # --slots-short acts over the scripts' max_num_seqs = CONC, not under it
     assert inferencemax_scenario(vllm, "t", 0.001)["engine"]["max_num_seqs"] == 15

@@ -13,7 +13,7 @@ from sim.errors import CbsimError
 from sim.hardware.gpus import get_gpu
 from sim.hardware.models import get_model
 from sim.latency import step_shape
-from sim.latency.engine_cpu import combine, engine_cpu_default
+from sim.latency.engine_cpu import async_scheduling_default, combine, engine_cpu_default
 from sim.latency.table import TableLatency
 from sim.latency.table_format import LatencyTable, make_component, read_table, write_table
 from sim.recorded.request_run import RequestRun, RunConfig, RunRequest, write_request_run
@@ -183,3 +183,15 @@ def test_validate_against_a_request_run_reports_every_figure(tmp_path):
     assert set(res["error"]) == set(ERROR_KEYS) >= {"ttft_mean", "tpot_mean", "e2e_mean", "e2e_p90", "throughput"}
     assert res["real"]["ttft_mean"] == pytest.approx(0.1) and res["real"]["preemptions"] is None
     assert res["sim"]["requests"] == 6 and res["diagnostics"]["kv_blocks"] == 500
+
+
+def test_async_scheduling_is_the_default_from_vllm_0_14_and_sglang_0_4():
+    """vLLM turned async scheduling on by default in v0.14.0 (PR #27614); SGLang's overlap scheduler
+    has been on since 0.4. A bad version or an unknown engine is an error naming it, not a guess."""
+    assert [async_scheduling_default("vllm", v) for v in ("0.8.5", "0.12.0", "0.13.0", "0.14.0", "v0.19.1")] == \
+        [False, False, False, True, True]
+    assert async_scheduling_default("sglang", "0.5.9") and not async_scheduling_default("sglang", "0.3.6")
+    with pytest.raises(CbsimError, match="'latest' of vllm is not a version number"):
+        async_scheduling_default("vllm", "latest")
+    with pytest.raises(CbsimError, match="no async scheduling default for engine 'tgi'"):
+        async_scheduling_default("tgi", "3.0.0")

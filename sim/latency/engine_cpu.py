@@ -9,9 +9,10 @@ component, by the number of sequences the step schedules (the work is per reques
 
 How it adds up depends on the engine (``engine.async_scheduling``):
 
-- **synchronous** (vLLM before async scheduling, ``--no-async-scheduling``): the CPU work and the
+- **synchronous** (vLLM before 0.14 without ``--async-scheduling``, or ``--no-async-scheduling``;
+  :func:`async_scheduling_default`): the CPU work and the
   GPU work of a step run one after the other: ``step = gpu + engine_cpu``.
-- **asynchronous** (vLLM's ``--async-scheduling``, on by default in current vLLM V1): the engine
+- **asynchronous** (vLLM's ``--async-scheduling``, on by default since vLLM 0.14): the engine
   schedules and prepares step n+1 while the GPU runs step n and processes step n's outputs while
   the GPU runs step n+1, so a step takes as long as the slower of the two:
   ``step = max(gpu, engine_cpu)``. The GPU idles only when the CPU cannot keep up (small models,
@@ -70,7 +71,9 @@ DEFAULTS: dict[tuple[str, tuple[int, ...]], EngineCpu] = {
         "(no row's TPOT moves); a global term chosen on the other models, asynchronous or synchronous, "
         "made 3 of 4 held-out models worse (Llama-3.1-70B 7.1 % -> 14.5 % median |TPOT err|), and the "
         "same figure synchronous helps Qwen3-32B (17.6 % -> 7.2 %) but not Llama-3.1-70B (7.1 % -> "
-        "10.8 %), so it stays as it is (docs/accuracy-corpus.md)."),
+        "10.8 %), so it stays as it is (docs/accuracy-corpus.md). Which form a row runs is its server's, "
+        "not a fit: the Llama-3.1-70B rows' launch scripts set async-scheduling, the Qwen3 rows' vLLM "
+        "0.12.0 servers ran synchronously by that version's default (async_scheduling_default)."),
     ("sglang", (0, 4)): EngineCpu(
         "sglang", "0.4 and later (overlap scheduler on by default)", 0.0, 40e-6,
         "Per request and step: the scheduler's process_batch_result_decode (append each request's token, "
@@ -116,6 +119,31 @@ def engine_cpu_default(engine: str, version: str) -> EngineCpu:
         raise CbsimError(f"no engine CPU default for {engine} {version}: the oldest covered is "
                          f"{'.'.join(map(str, entries[0][0]))}")
     return chosen[-1]
+
+
+# The first version of an engine whose server schedules asynchronously when no flag says otherwise.
+# vLLM: async scheduling came in as an opt-in ``--async-scheduling`` (PR #19970, 2025-07) and became
+# the default in v0.14.0 (PR #27614; v0.14.0 release notes, "Breaking Changes: Async scheduling is now
+# enabled by default ... disable with --no-async-scheduling"; v0.11.1's notes: "We expect
+# --async-scheduling to be enabled by default in the next release"; vllm-project/recipes #131, 2025-12-01,
+# still calls the flag something to enable). A vLLM 0.8-0.13 server without the flag ran synchronously.
+# SGLang's overlap scheduler, the same overlap, has been on by default since 0.4.
+ASYNC_SCHEDULING_SINCE: dict[str, tuple[int, ...]] = {"vllm": (0, 14), "sglang": (0, 4)}
+
+
+def async_scheduling_default(engine: str, version: str) -> bool:
+    """Whether ``engine`` at ``version`` schedules asynchronously by default (a server launched
+    without ``--async-scheduling`` / ``--no-async-scheduling``): what a scenario of that server sets
+    as ``engine.async_scheduling``. An unknown engine or an unparsable version raises: the caller
+    decides what an unknown version means."""
+    first = ASYNC_SCHEDULING_SINCE.get(engine)
+    if first is None:
+        known = ", ".join(sorted(ASYNC_SCHEDULING_SINCE))
+        raise CbsimError(f"no async scheduling default for engine {engine!r}; known engines: {known}")
+    v = parse_version(version)
+    if not v:
+        raise CbsimError(f"engine version {version!r} of {engine} is not a version number (e.g. 0.19.0)")
+    return v >= first
 
 
 def combine(gpu_s: float, cpu_s: float, async_scheduling: bool) -> float:

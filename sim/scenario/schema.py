@@ -295,10 +295,11 @@ class Engine(BaseModel):
     kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", description="KV cache dtype (vLLM's "
                                                    "--kv-cache-dtype): auto = the model's dtype; fp8 = one "
                                                    "byte per element (more blocks, cheaper attention reads)")
-    async_scheduling: bool = Field(True, description="vLLM's async scheduling (on by default in current vLLM): "
-                                                     "the engine's CPU time per step (a table's engine_cpu) "
-                                                     "overlaps the GPU's, a step takes the larger of the two; "
-                                                     "false: their sum")
+    async_scheduling: bool = Field(True, description="vLLM's async scheduling (on by default since vLLM 0.14, "
+                                                     "PR #27614): the engine's CPU time per step (a table's "
+                                                     "engine_cpu) overlaps the GPU's, a step takes the larger "
+                                                     "of the two; false: their sum (vLLM before 0.14 launched "
+                                                     "without --async-scheduling, or --no-async-scheduling)")
 
     kv_offloading_size: float | None = Field(None, gt=0, description="GiB of CPU memory for KV blocks evicted "
                                              "from the GPU prefix cache (vLLM's --kv-offloading-size, the "

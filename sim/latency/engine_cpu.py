@@ -54,6 +54,9 @@ class EngineCpu:
 
 # (engine, first version) -> default; an engine version takes the entry of the newest first
 # version at or below it
+# (Each entry's ``source`` is recorded in the tables built with it: changing the text changes every
+# shipped table's provenance. Which form a corpus row adds the term in, asynchronous or synchronous,
+# is its server's, not a fit: :func:`async_scheduling_default` and docs/accuracy-corpus.md.)
 DEFAULTS: dict[tuple[str, tuple[int, ...]], EngineCpu] = {
     ("vllm", (0, 6)): EngineCpu(
         "vllm", "0.6 to 0.7 (V0 engine)", 4e-3, 20e-6,
@@ -71,9 +74,7 @@ DEFAULTS: dict[tuple[str, tuple[int, ...]], EngineCpu] = {
         "(no row's TPOT moves); a global term chosen on the other models, asynchronous or synchronous, "
         "made 3 of 4 held-out models worse (Llama-3.1-70B 7.1 % -> 14.5 % median |TPOT err|), and the "
         "same figure synchronous helps Qwen3-32B (17.6 % -> 7.2 %) but not Llama-3.1-70B (7.1 % -> "
-        "10.8 %), so it stays as it is (docs/accuracy-corpus.md). Which form a row runs is its server's, "
-        "not a fit: the Llama-3.1-70B rows' launch scripts set async-scheduling, the Qwen3 rows' vLLM "
-        "0.12.0 servers ran synchronously by that version's default (async_scheduling_default)."),
+        "10.8 %), so it stays as it is (docs/accuracy-corpus.md)."),
     ("sglang", (0, 4)): EngineCpu(
         "sglang", "0.4 and later (overlap scheduler on by default)", 0.0, 40e-6,
         "Per request and step: the scheduler's process_batch_result_decode (append each request's token, "

@@ -638,10 +638,11 @@ def moe_kernel_of(row: Row, choice: str = MOE_KERNEL) -> str:
 # say how their server was launched: InferenceMAX's vLLM scripts (70b_fp8_h100_slurm.sh,
 # 70b_fp8_h200_slurm.sh, gptoss_fp4_h100_slurm.sh and gptoss_fp4_b200.sh write ``async-scheduling: true``
 # into the server's config.yaml; 70b_b200_slurm.sh passes --async-scheduling), so its rows run
-# asynchronously whatever the image (:func:`inferencemax_server` sets it). AIConfigurator's gap-analysis rows (vLLM 0.12.0: Qwen3-32B H100, Qwen3-235B-A22B-FP8 and
-# Llama-3.1-8B-Instruct-FP8 H200) were served from its generator's vLLM 0.12.0 arguments
-# (generator/config/backend_templates/vllm/cli_args.0.12.0.j2), which pass no --async-scheduling: those
-# servers ran vLLM 0.12.0's default, synchronous. Rows without a version keep cbsim's default (async).
+# asynchronously whatever the image (:func:`inferencemax_server` sets it). AIConfigurator's gap-analysis
+# rows (vLLM 0.12.0: Qwen3-32B H100, Qwen3-235B-A22B-FP8 and Llama-3.1-8B-Instruct-FP8 H200) record no
+# launch line; vLLM 0.12.0 schedules synchronously unless given the flag, and AIConfigurator's own
+# generator for that version (generator/config/backend_templates/vllm/cli_args.0.12.0.j2) passes none,
+# so they run the version's default. Rows without a version keep cbsim's default (async).
 VLLM_ASYNC = "version"
 
 

@@ -31,8 +31,9 @@ fact about the row, so that is each such row's result by default (``--client inf
 the fixed-length ``--phase`` result of the same row run beside it for comparison (``extra.phases``);
 ``--client fixed`` runs every row as a fixed-length closed loop under ``--phase``, as before. Their
 servers' MoE kernel is a fact about the rows too (:func:`moe_kernel_of`): InferenceMAX's vLLM gpt-oss
-rows on H100/H200 ran the Marlin MXFP4 kernel (``VLLM_MXFP4_USE_MARLIN=1``), and their tables price it
-(``--moe-kernel database``: the database's rows, the comparison).
+rows on H100/H200 ran the Marlin MXFP4 kernel (``VLLM_MXFP4_USE_MARLIN=1``), those on the B200
+FlashInfer's MXFP4 kernel with MXFP8 activations (``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``), and
+their tables price them (``--moe-kernel database``: the database's rows, the comparison).
 
 ``--only`` keeps rows whose id, GPU, engine or model contains every given text (case-insensitive).
 The whole priceable set runs in a process pool over rows (``--workers``, default: every core), the
@@ -142,7 +143,8 @@ PHASE = "random"
 ALLREDUCE = "auto"  # auto: NCCL for TensorRT-LLM 1.0 rows, the custom kernel otherwise
 NCCL_VERSIONS = {"trtllm": ("1.0",)}
 # Which kernel a row's table prices the routed experts with (moe_kernel_of): auto, the kernel the row's
-# launch script ran (Marlin for InferenceMAX's vLLM gpt-oss rows on H100/H200), else the database's rows
+# launch script ran (Marlin for InferenceMAX's vLLM gpt-oss rows on H100/H200, FlashInfer MXFP4 x MXFP8 on
+# the B200), else the database's rows
 MOE_KERNEL = "auto"
 
 
@@ -224,12 +226,13 @@ class Row:
     def table_key(self) -> tuple:
         """The dense path's (GPU, config, TP, precision, engine, fp8 scaling, all-reduce), and for the
         kernel_db_moe path ("moe", data_parallel, expert_parallel) after it (:func:`moe_part`), then
-        "marlin" where its experts run on the Marlin kernel (:func:`moe_kernel_of`)."""
+        the experts' kernel where it is not the database's (:func:`moe_kernel_of`: "marlin",
+        "flashinfer-mxfp8")."""
         key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
         if not self.moe_path:
             return key
-        marlin = ("marlin",) if self.moe_kernel == "marlin" else ()
-        return key + ("moe", self.data_parallel, self.expert_parallel) + marlin
+        kernel = (self.moe_kernel,) if self.moe_kernel != "database" else ()
+        return key + ("moe", self.data_parallel, self.expert_parallel) + kernel
 
     @property
     def mtp_key(self) -> tuple:
@@ -414,8 +417,12 @@ def moe_part(key: tuple) -> tuple[int, bool, bool] | None:
 
 
 def key_moe_kernel(key: tuple) -> str:
-    """The routed experts' kernel a table key prices (``Row.table_key``): "marlin" or "database"."""
-    return "marlin" if len(key) > 7 and key[7] == "moe" and key[10:] == ("marlin",) else "database"
+    """The routed experts' kernel a table key prices (``Row.table_key``): "database", "marlin" or
+    "flashinfer-mxfp8"."""
+    from calib.sources.kernel_db_marlin import MOE_KERNELS
+
+    moe = len(key) == 11 and key[7] == "moe"
+    return key[10] if moe and key[10] in MOE_KERNELS else "database"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -431,6 +438,7 @@ def code_hash(moe: bool = False, mtp: bool = False) -> str:
     if moe:
         h.update((ROOT / "calib/sources/kernel_db_moe.py").read_bytes())
         h.update((ROOT / "calib/sources/kernel_db_marlin.py").read_bytes())
+        h.update((ROOT / "calib/sources/kernel_db_fi_mxfp8.py").read_bytes())
         h.update(repr(MLA_BLOCK_SIZE).encode())
     if mtp:
         h.update((ROOT / "calib/sources/kernel_db_mtp.py").read_bytes())
@@ -450,7 +458,8 @@ def table_dir(key: tuple, digest: str) -> Path:
     if moe is not None:  # kernel_db_moe: the layout beyond TP
         dp, ep, mtp = moe
         slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if mtp else "")
-        slug += "-marlin" if key_moe_kernel(key) == "marlin" else ""
+        kernel = key_moe_kernel(key)
+        slug += f"-{kernel}" if kernel != "database" else ""
     return CACHE / digest / slug
 
 
@@ -620,6 +629,13 @@ def is_inferencemax(row: Row) -> bool:
 # database's rows.
 MARLIN_SYSTEMS = ("h100_sxm", "h200_sxm")
 MARLIN_SINCE = (0, 13)  # the vLLM image InferenceMAX's PR #327 moved to with the flag
+# InferenceMAX's vLLM gpt-oss scripts for the B200 export VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 in every
+# version read (InferenceMAX/InferenceMAX benchmarks/gptoss_fp4_b200_slurm.sh and _docker.sh of the first
+# runs, SemiAnalysisAI/InferenceX benchmarks/gptoss_fp4_b200.sh and _docker.sh now): vLLM then runs the
+# experts on FlashInfer's TRT-LLM-gen MXFP4 MoE with MXFP8 activations (quantization/mxfp4.py,
+# get_mxfp4_backend: SM100_FI_MXFP4_MXFP8_TRTLLM) where the database times its bf16-activation default;
+# such rows' tables price it (calib/sources/kernel_db_fi_mxfp8.py), every vLLM version the corpus has.
+FI_MXFP8_SYSTEMS = ("b200_sxm",)
 
 
 def moe_kernel_of(row: Row, choice: str = MOE_KERNEL) -> str:
@@ -628,9 +644,10 @@ def moe_kernel_of(row: Row, choice: str = MOE_KERNEL) -> str:
 
     if choice != "auto":
         return choice
-    marlin = (is_inferencemax(row) and row.engine == "vllm" and "gpt-oss" in row.model.lower()
-              and row.system in MARLIN_SYSTEMS and parse_version(row.version) >= MARLIN_SINCE)
-    return "marlin" if marlin else "database"
+    oss = is_inferencemax(row) and row.engine == "vllm" and "gpt-oss" in row.model.lower()
+    if oss and row.system in MARLIN_SYSTEMS and parse_version(row.version) >= MARLIN_SINCE:
+        return "marlin"
+    return "flashinfer-mxfp8" if oss and row.system in FI_MXFP8_SYSTEMS else "database"
 
 
 # A vLLM server schedules asynchronously only from vLLM 0.14 unless launched with --async-scheduling
@@ -1227,8 +1244,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--moe-kernel", choices=("auto", "database"), default=MOE_KERNEL,
                     help="the routed experts' kernel the tables price (default auto: vLLM's Marlin MXFP4 kernel for the "
                          "InferenceMAX vLLM gpt-oss rows on H100/H200, whose launch scripts set "
-                         "VLLM_MXFP4_USE_MARLIN=1; the database's own rows otherwise); database: the database's "
-                         "rows for every row (the comparison)")
+                         "VLLM_MXFP4_USE_MARLIN=1, FlashInfer's MXFP4 x MXFP8 kernel for those on the B200, whose "
+                         "scripts set VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1; the database's own rows otherwise); "
+                         "database: the database's rows for every row (the comparison)")
     ap.add_argument("--vllm-async", choices=("version", "always"), default=VLLM_ASYNC,
                     help="how a vLLM row's async scheduling is chosen (default version: as its server ran it, "
                          "asynchronous from vLLM 0.14 or where its launch script sets async-scheduling, "

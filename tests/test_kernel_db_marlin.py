@@ -33,7 +33,7 @@ def test_the_option_is_refused_where_it_does_not_apply():
     from calib.sources.kernel_db_marlin import check_moe_kernel, refusal
     from calib.sources.kernel_db_moe import Layout, MoeKernelDb
 
-    with pytest.raises(CbsimError, match=r"--moe-kernel 'marlinn' is not one of database, marlin \(did you mean"):
+    with pytest.raises(CbsimError, match=r"--moe-kernel 'marlinn' is not one of database, marlin, flashinfer-mxfp8 \(did you mean"):
         check_moe_kernel("marlinn")
     with pytest.raises(CbsimError, match="^--moe-kernel marlin prices vLLM's Marlin MXFP4 MoE kernel .*for sglang; "
                                          "drop --moe-kernel, or use --engine vllm$"):
@@ -214,13 +214,14 @@ def test_the_bench_runs_marlin_where_the_launch_script_set_it(monkeypatch):
             "aic": _row(source="db-dump/2026-04-27; config_id=3"), "len": _row(isl=4000, osl=1000)}
     sa.classify(list(rows.values()))
     kernels = {k: r.moe_kernel for k, r in rows.items()}
+    # (the B200's rows run FlashInfer's MXFP8 kernel: tests/test_kernel_db_fi_mxfp8.py)
     assert kernels == {"h200": "marlin", "h100": "marlin", "old": "database", "blank": "database",
-                       "b200": "database", "trt": "database", "aic": "database", "len": "database"}
+                       "b200": "flashinfer-mxfp8", "trt": "database", "aic": "database", "len": "database"}
     key = rows["h200"].table_key
     assert key[-4:] == ("moe", 1, False, "marlin") and sa.key_moe_kernel(key) == "marlin"
     assert sa.moe_part(key) == (1, False, False)
     assert sa.table_dir(key, "d").name == "vllm-h200-openai--gpt-oss-120b-tp8-bf16-dp1-marlin"
-    assert rows["b200"].table_key[-1] is False and sa.key_moe_kernel(rows["b200"].table_key) == "database"
+    assert rows["trt"].table_key[-1] is False and sa.key_moe_kernel(rows["trt"].table_key) == "database"
     off = _row()
     sa.classify([off], moe_kernel="database")
     assert off.moe_kernel == "database" and off.table_key == key[:-1]

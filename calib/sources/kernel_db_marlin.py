@@ -50,7 +50,8 @@ from pathlib import Path
 
 from sim.errors import CbsimError, nearest
 
-MOE_KERNELS = ("database", "marlin")
+# "flashinfer-mxfp8": vLLM's FlashInfer MXFP4 x MXFP8 MoE on Blackwell (calib/sources/kernel_db_fi_mxfp8.py)
+MOE_KERNELS = ("database", "marlin", "flashinfer-mxfp8")
 # AIConfigurator's token distribution over the experts for the models its MOEModel prices (gpt-oss):
 # workload_distribution "power_law" (sdk/config.py) at MOEModel._power_law_alpha 1.2 (sdk/models/moe.py)
 DISTRIBUTION = "power_law_1.2"
@@ -152,7 +153,7 @@ class MarlinMoeRows:
         :attr:`floor_ms`."""
         if tokens <= 0:
             return 0.0
-        return max(self.scale * _at(self.tokens, self.latency_ms, tokens * self.ratio), self.floor_ms) * MS
+        return max(self.scale * interpolate_tokens(self.tokens, self.latency_ms, tokens * self.ratio), self.floor_ms) * MS
 
     def describe(self) -> str:
         return ("routed experts on vLLM's Marlin MXFP4 MoE kernel (--moe-kernel marlin: VLLM_MXFP4_USE_MARLIN=1; "
@@ -165,7 +166,7 @@ class MarlinMoeRows:
                 "aic_agreement compares with AIConfigurator's own predictor, which prices the database's kernel")
 
 
-def _at(xs: list[int], ys: list[float], x: float) -> float:
+def interpolate_tokens(xs: list[int], ys: list[float], x: float) -> float:
     """Latency at ``x`` tokens: linear between measured points, the first row below them, proportional
     to the tokens beyond the last (the kernel's FLOP rate at its largest measured size)."""
     if x <= xs[0]:

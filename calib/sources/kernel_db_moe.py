@@ -33,7 +33,9 @@ composition this reuses unchanged):
 - **the routed experts' kernel**: the database's own rows for the model (``moe_kernel="database"``,
   AIConfigurator's choice), or vLLM's Marlin MXFP4 kernel (``"marlin"``: ``VLLM_MXFP4_USE_MARLIN=1``,
   priced from the database's Marlin MXFP4 rows at the same tokens per expert;
-  :mod:`calib.sources.kernel_db_marlin`);
+  :mod:`calib.sources.kernel_db_marlin`), or vLLM's FlashInfer MXFP4 x MXFP8 kernel on Blackwell
+  (``"flashinfer-mxfp8"``: ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``, priced from the database's SGLang
+  rows of the same FlashInfer operator; :mod:`calib.sources.kernel_db_fi_mxfp8`);
 - **quantization** as the checkpoint ships it: FP8 block-quantized GEMMs and experts
   (``fp8_block``) for DeepSeek-V3/R1 and Kimi-K2, MXFP4 weight-only experts (``w4a16_mxfp4``)
   for gpt-oss, INT4 weight-only experts (``int4_wo``) for Kimi-K2.5; context attention in bf16
@@ -50,6 +52,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from calib.sources.kernel_db import KernelDb, ModelSource, Op, check_engine
+from calib.sources.kernel_db_fi_mxfp8 import KERNEL as FI_MXFP8
+from calib.sources.kernel_db_fi_mxfp8 import mxfp8_rows
 from calib.sources.kernel_db_marlin import check_moe_kernel, marlin_rows
 from sim.errors import CbsimError
 
@@ -156,23 +160,34 @@ class MoeKernelDb(KernelDb):
         # rows; refused (model, engine, rows) before anything is compiled, after the engine and TP
         # checks, so a typo in either is named as that rather than as a Marlin refusal
         self.moe_kernel = check_moe_kernel(moe_kernel)
-        if moe_kernel == "marlin":
+        if moe_kernel != "database":
             check_engine(engine)
             spec.check_tp(layout.tensor_parallel)
         self.marlin = (marlin_rows(gpu, engine, engine_version, spec, moe_tp=layout.moe_tp, moe_ep=layout.moe_ep)
                        if moe_kernel == "marlin" else None)
+        # vLLM's FlashInfer MXFP4 x MXFP8 experts (calib/sources/kernel_db_fi_mxfp8.py)
+        self.mxfp8 = (mxfp8_rows(gpu, engine, spec, moe_tp=layout.moe_tp, moe_ep=layout.moe_ep)
+                      if moe_kernel == FI_MXFP8 else None)
         super().__init__(
             model, gpu, tp=layout.tensor_parallel, dtype=dtype, engine=engine, engine_version=engine_version
         )
 
+    @property
+    def expert_rows(self):
+        """The rows that price the routed experts in place of the database's own (:attr:`marlin` or
+        :attr:`mxfp8`), or None."""
+        return self.marlin if self.marlin is not None else self.mxfp8
+
     def with_moe_kernel(self, ops: dict, tokens: int) -> dict:
         """``ops`` with the routed experts (AIConfigurator's ``moe`` operator, summed over the layers) priced
-        on the Marlin MXFP4 kernel when the table was asked for it (:attr:`marlin`), at the tokens the
-        experts see (``tokens`` x the data-parallel ranks, as AIConfigurator prices them); else unchanged."""
-        if self.marlin is None or "moe" not in ops or tokens <= 0:
+        on the kernel the table was asked for (:attr:`expert_rows`: Marlin MXFP4, or FlashInfer's MXFP4 x
+        MXFP8), at the tokens the experts see (``tokens`` x the data-parallel ranks, as AIConfigurator
+        prices them); else unchanged."""
+        rows = self.expert_rows
+        if rows is None or "moe" not in ops or tokens <= 0:
             return ops
-        seconds = self.model.spec.num_layers * self.marlin.seconds(tokens * self.layout.data_parallel)
-        return {**ops, "moe": Op(seconds, "silicon (marlin)")}
+        seconds = self.model.spec.num_layers * rows.seconds(tokens * self.layout.data_parallel)
+        return {**ops, "moe": Op(seconds, f"silicon ({self.moe_kernel})")}
 
     def compile_kwargs(self) -> dict[str, Any]:
         spec, lay = self.model.spec, self.layout
@@ -454,8 +469,8 @@ def compose_source(
         notes["moe shared/routed overlap"] = MODELLED_MOE_OVERLAP
     if db.dense_layers:
         notes["first dense layers"] = MODELLED_DENSE_LAYERS
-    if db.marlin is not None:
-        notes["moe kernel"] = db.marlin.describe()
+    if db.expert_rows is not None:
+        notes["moe kernel"] = db.expert_rows.describe()
     mode = db.compile_kwargs().get("moe_quant_mode")
     if mode == "w4a8_mxfp4_mxfp8":  # not the checkpoint's label (moe_quant_mode's docstring)
         notes["moe activations"] = (

@@ -67,7 +67,9 @@ def calibrate_cmd(
                                    "kernel of the routed experts: database (the database's own rows for the model, "
                                    "as AIConfigurator prices them) or marlin (vLLM MXFP4 experts run with "
                                    "VLLM_MXFP4_USE_MARLIN=1, priced from the database's Marlin MXFP4 rows at the "
-                                   "same tokens per expert; docs/calibration.md)"),
+                                   "same tokens per expert; docs/calibration.md) or flashinfer-mxfp8 (vLLM MXFP4 "
+                                   "experts on Blackwell run with VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, priced from "
+                                   "the database's SGLang rows of the same FlashInfer kernel)"),
     draft: str = typer.Option(None, "--draft", help="with --from-kernel-db: the table of --model's speculative "
                                                     "head instead (eagle or eagle3: one layer at its width and "
                                                     "the head's LM head; mtp: the model's own multi-token-"

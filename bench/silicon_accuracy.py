@@ -708,7 +708,8 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
     * vLLM (70b_fp8_h100_slurm.sh, 70b_fp8_h200_slurm.sh, gptoss_fp4_h100_slurm.sh, gptoss_fp4_h200.sh):
       ``--max-num-seqs CONC``, ``max-num-batched-tokens: 8192``, ``no-enable-prefix-caching``,
       ``--gpu-memory-utilization 0.9``, ``async-scheduling: true`` (:func:`vllm_async_scheduling`), and for Llama-3.1-70B
-      ``kv-cache-dtype: fp8``.
+      ``kv-cache-dtype: fp8``; the B200 gpt-oss scripts (gptoss_fp4_b200.sh, _slurm.sh, _docker.sh) also
+      ``kv-cache-dtype: fp8`` and ``--max-num-seqs 512``.
     * SGLang DeepSeek-R1 (dsr1_fp8_h200.sh): ``--disable-radix-cache --max-running-requests 512`` at
       1k/1k, 256 otherwise, ``--chunked-prefill-size 32768 --max-prefill-tokens 32768
       --mem-fraction-static 0.82``.
@@ -723,8 +724,10 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
         engine = {"max_num_seqs": row.concurrency, "max_num_batched_tokens": 8192, "enable_prefix_caching": False,
                   "async_scheduling": True}
         hardware = {"gpu_memory_utilization": 0.9}
-        if "llama-3.1-70b" in model:
-            engine["kv_cache_dtype"] = "fp8"
+        if "llama-3.1-70b" in model or row.system == "b200_sxm":
+            engine["kv_cache_dtype"] = "fp8"  # the 70B scripts, and every B200 gpt-oss script's config.yaml
+        if "gpt-oss" in model and row.system == "b200_sxm":
+            engine["max_num_seqs"] = 512  # gptoss_fp4_b200*.sh: --max-num-seqs 512, whatever CONC
     elif row.engine == "sglang" and "deepseek-r1" in model:
         knobs = {"disable_radix_cache": True,
                  "max_running_requests": 512 if (row.isl, row.osl) == (1024, 1024) else 256,

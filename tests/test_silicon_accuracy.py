@@ -437,7 +437,10 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
     vllm.slots_short = 1  # --slots-short acts over the scripts' max_num_seqs = CONC, not under it
     assert inferencemax_scenario(vllm, "t", 0.001)["engine"]["max_num_seqs"] == 15
     oss = inferencemax_scenario(_row(policy="vllm-v1", model="openai/gpt-oss-120b", config="c.json"), "t", 0.0)
-    assert "kv_cache_dtype" not in oss["engine"]  # the gpt-oss scripts keep the model's KV dtype
+    assert "kv_cache_dtype" not in oss["engine"]  # the H100/H200 gpt-oss scripts keep the model's KV dtype
+    b200 = inferencemax_scenario(_row(policy="vllm-v1", model="openai/gpt-oss-120b", system="b200_sxm", gpu="b200",
+                                      config="c.json"), "t", 0.0)
+    assert b200["engine"]["kv_cache_dtype"] == "fp8" and b200["engine"]["max_num_seqs"] == 512  # gptoss_fp4_b200.sh
     sgl = inferencemax_scenario(_row(engine="sglang", policy="sglang", model="deepseek-ai/DeepSeek-R1", tp=8,
                                      isl=8192, osl=1024, config="c.json"), "t", 0.0)
     assert sgl["policies"][0] == {"name": "sglang", "disable_radix_cache": True, "max_running_requests": 256,

@@ -230,9 +230,19 @@ class Row:
         "flashinfer-mxfp8")."""
         key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
         if not self.moe_path:
-            return key
+            return key + ("kv-fp8",) if self.table_kv == "fp8" else key
         kernel = (self.moe_kernel,) if self.moe_kernel != "database" else ()
         return key + ("moe", self.data_parallel, self.expert_parallel) + kernel
+
+    @property
+    def table_kv(self) -> str | None:
+        """The KV cache dtype the row's dense table prices: ``fp8`` where the launch script the bench
+        replays set it (:func:`inferencemax_server`, with InferenceMAX's client), so that the table's
+        attention rows are the kernels the server ran (:func:`calib.sources.kernel_db.with_kv_cache_dtype`);
+        None otherwise. The kernel_db_moe tables price the model's own dtype."""
+        if self.moe_path or self.client != "inferencemax" or not is_inferencemax(self):
+            return None
+        return inferencemax_server(self)[0].get("kv_cache_dtype")
 
     @property
     def mtp_key(self) -> tuple:
@@ -460,6 +470,8 @@ def table_dir(key: tuple, digest: str) -> Path:
         slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if mtp else "")
         kernel = key_moe_kernel(key)
         slug += f"-{kernel}" if kernel != "database" else ""
+    elif key[7:] == ("kv-fp8",):
+        slug += "-kvfp8"
     return CACHE / digest / slug
 
 
@@ -490,7 +502,7 @@ def build_one(args) -> tuple[tuple, str, str]:
                          block_size=block, **extra)
         else:
             comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
-                               allreduce=allreduce)
+                               allreduce=allreduce, kv_cache_dtype="fp8" if key[7:] == ("kv-fp8",) else None)
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]

@@ -70,6 +70,9 @@ def calibrate_cmd(
                                    "same tokens per expert; docs/calibration.md) or flashinfer-mxfp8 (vLLM MXFP4 "
                                    "experts on Blackwell run with VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, priced from "
                                    "the database's SGLang rows of the same FlashInfer kernel)"),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="with --from-kernel-db: the KV cache dtype "
+                                       "the engine runs (vLLM's --kv-cache-dtype): auto (the model's) or fp8 (the "
+                                       "database's attention rows for an FP8 KV cache; dense tables)"),
     draft: str = typer.Option(None, "--draft", help="with --from-kernel-db: the table of --model's speculative "
                                                     "head instead (eagle or eagle3: one layer at its width and "
                                                     "the head's LM head; mtp: the model's own multi-token-"
@@ -124,6 +127,9 @@ def calibrate_cmd(
 
     if moe_kernel != DEFAULTS["moe_kernel"] and not from_kernel_db:
         raise CbsimError("--moe-kernel goes with --from-kernel-db (the kernel database's MoE rows)")
+    if kv_cache_dtype != "auto" and not from_kernel_db:
+        raise CbsimError("--kv-cache-dtype goes with --from-kernel-db (the kernel database's attention rows for "
+                         "that KV dtype); a scenario sets engine.kv_cache_dtype")
     if allreduce != "custom" and not from_kernel_db:
         raise CbsimError("--allreduce goes with --from-kernel-db (the kernel database's all-reduce rows; "
                          "--from-llmservingsim takes --allreduce-gbps)")
@@ -156,7 +162,7 @@ def calibrate_cmd(
                                  max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                  max_num_seqs=max_num_seqs, data_parallel=data_parallel,
                                  expert_parallel=expert_parallel, draft=draft, draft_vocab_size=draft_vocab_size,
-                                 allreduce=allreduce, moe_kernel=moe_kernel)
+                                 allreduce=allreduce, moe_kernel=moe_kernel, kv_cache_dtype=kv_cache_dtype)
         return
     if data_parallel != 1 or expert_parallel:
         raise CbsimError("--data-parallel and --expert-parallel go with --from-kernel-db (the layout the kernel "
@@ -255,7 +261,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                              max_model_len: int | None, max_num_seqs: int | None, data_parallel: int = 1,
                              expert_parallel: bool = False, draft: str | None = None,
                              draft_vocab_size: int | None = None, allreduce: str = "custom",
-                             moe_kernel: str = "database") -> None:
+                             moe_kernel: str = "database", kv_cache_dtype: str = "auto") -> None:
     from rich.console import Console
 
     from calib.sources import kernel_db_moe
@@ -275,6 +281,12 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
     check_moe_kernel(moe_kernel)
     if moe_kernel != DEFAULTS["moe_kernel"] and draft is not None:
         raise CbsimError(f"--moe-kernel {moe_kernel} prices the target's routed experts; drop it for --draft")
+    if kv_cache_dtype not in ("auto", "fp8"):
+        raise CbsimError(f"--kv-cache-dtype {kv_cache_dtype!r}: give auto (the model's dtype) or fp8")
+    if kv_cache_dtype != "auto" and (draft is not None or moe_kernel != DEFAULTS["moe_kernel"]
+                                     or kernel_db_moe.takes(model, layout)):
+        raise CbsimError(f"--kv-cache-dtype {kv_cache_dtype} prices dense models' tables for now; drop it for "
+                         "--draft and for MLA, 4-bit-expert, expert- or data-parallel tables")
     if allreduce != "custom" and (draft is not None or kernel_db_moe.takes(model, layout)):
         raise CbsimError(f"--allreduce {allreduce} prices dense models' tensor-parallel tables; drop it for "
                          "--draft and for MLA, 4-bit-expert, expert- or data-parallel tables")
@@ -297,12 +309,13 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
                                          moe_kernel=moe_kernel, **limits)
     else:
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
-                           block_size=block_size, allreduce=allreduce, **limits)
+                           block_size=block_size, allreduce=allreduce, kv_cache_dtype=kv_cache_dtype, **limits)
     meta = comp.table.metadata
     meta["provenance"] = {"command": kernel_db_command(
         out, model=model, gpu=gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
         block_size=block_size, limits=limits, data_parallel=data_parallel, expert_parallel=expert_parallel,
-        draft=draft, draft_vocab_size=draft_vocab_size, allreduce=allreduce, moe_kernel=moe_kernel),
+        draft=draft, draft_vocab_size=draft_vocab_size, allreduce=allreduce, moe_kernel=moe_kernel,
+        kv_cache_dtype=kv_cache_dtype),
         **meta["provenance"]}
     write_table(out, comp.table)
     t = comp.table
@@ -328,7 +341,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
 def kernel_db_command(out: Path, *, model: str, gpu: str, tp: int, dtype: str | None, engine: str,
                       engine_version: str | None, block_size: int, limits: dict, data_parallel: int,
                       expert_parallel: bool, draft: str | None, draft_vocab_size: int | None,
-                      allreduce: str, moe_kernel: str = "database") -> str:
+                      allreduce: str, moe_kernel: str = "database", kv_cache_dtype: str = "auto") -> str:
     """The ``cbsim calibrate --from-kernel-db`` command that builds this table again (metadata
     ``provenance.command``): the options as given, those left at their default omitted, ``--out`` as
     given (relative to the folder it was run from). tests/test_shipped_tables.py runs each shipped
@@ -340,7 +353,7 @@ def kernel_db_command(out: Path, *, model: str, gpu: str, tp: int, dtype: str | 
         ("--tp", tp, DEFAULTS["tp"]), ("--data-parallel", data_parallel, DEFAULTS["data_parallel"]),
         ("--dtype", dtype, None), ("--engine", engine, DEFAULTS["engine"]), ("--engine-version", engine_version, None),
         ("--block-size", block_size, DEFAULTS["block_size"]), ("--allreduce", allreduce, DEFAULTS["allreduce"]),
-        ("--moe-kernel", moe_kernel, DEFAULTS["moe_kernel"]),
+        ("--moe-kernel", moe_kernel, DEFAULTS["moe_kernel"]), ("--kv-cache-dtype", kv_cache_dtype, "auto"),
         ("--draft", draft, None),
         ("--draft-vocab-size", draft_vocab_size, None),
         *((f"--{k.replace('_', '-')}", v, None) for k, v in limits.items())) if value != default]

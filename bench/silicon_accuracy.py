@@ -221,6 +221,7 @@ class Row:
     client: str = "inferencemax"  # --client: how the benchmark client is replayed (CLIENTS; default CLIENT)
     moe_kernel: str = "database"  # the routed experts' kernel its table prices (moe_kernel_of)
     vllm_async: str = "version"  # --vllm-async: how a vLLM row's async scheduling is chosen (vllm_async_scheduling)
+    vllm_async_admission: bool = False  # --vllm-async-admission: async vLLM rows admit a step late (a sensitivity)
 
     @property
     def table_key(self) -> tuple:
@@ -781,6 +782,10 @@ def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec
             sc["engine"]["block_size"] = MLA_BLOCK_SIZE
     if row.engine == "vllm" and not vllm_async_scheduling(row):
         sc["engine"]["async_scheduling"] = False  # the step is the GPU's time plus the engine's CPU time
+    elif row.engine == "vllm" and row.vllm_async_admission:
+        # --vllm-async-admission: step_with_batch_queue adds a request arriving during step k to step
+        # k + 2 (policies/vllm_v1.py, async_admission), on the rows whose server scheduled asynchronously
+        sc["policies"][0]["async_admission"] = True
     if row.engine == "trtllm":
         # A TensorRT-LLM token budget of max(8192, prompt + clients), dense and MoE rows alike. At its
         # default 8192 with chunking off an 8192-token context enters only an empty step, which
@@ -1266,6 +1271,10 @@ def parser() -> argparse.ArgumentParser:
                     help="how a vLLM row's async scheduling is chosen (default version: as its server ran it, "
                          "asynchronous from vLLM 0.14 or where its launch script sets async-scheduling, "
                          "synchronous before; always: cbsim's default, asynchronous, for every row, the comparison)")
+    ap.add_argument("--vllm-async-admission", action="store_true",
+                    help="a sensitivity: the vLLM rows whose server scheduled asynchronously (vllm_async_scheduling) "
+                         "run vllm-v1's async_admission knob (a request arriving during step k enters step k + 2, "
+                         "as vLLM's batch queue admits it); off by default")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--mtp", default=None, metavar="K:RATE",
                     help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
@@ -1320,6 +1329,7 @@ def main(argv=None) -> int:
         r.no_overlap = args.no_overlap
         r.client = args.client
         r.vllm_async = args.vllm_async
+        r.vllm_async_admission = args.vllm_async_admission
     spec = mtp_section(args.mtp)
     if spec is not None:
         for r in priced:
@@ -1350,6 +1360,8 @@ def main(argv=None) -> int:
             settings["moe_kernel"] = args.moe_kernel
         if args.vllm_async != VLLM_ASYNC:
             settings["vllm_async"] = args.vllm_async
+        if args.vllm_async_admission:
+            settings["vllm_async_admission"] = True
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)
@@ -1377,7 +1389,7 @@ def main(argv=None) -> int:
     report = {"corpus": str(corpus_path()), "rounds": args.rounds, "send_gap_ms": args.send_gap_ms,
               "phase": args.phase, "client": args.client, "wall_s": wall, "cpu_s": cpu, "mtp": args.mtp, "slots_short": args.slots_short,
               "aic_config": args.aic_config, "no_overlap": args.no_overlap, "moe_kernel": args.moe_kernel,
-              "vllm_async": args.vllm_async,
+              "vllm_async": args.vllm_async, "vllm_async_admission": args.vllm_async_admission,
               "resume": partial.header if partial else None,
               "skipped": [{"id": r.id, "reason": r.skip} for r in rows if r.skip],
               "rows": [asdict(r) for r in results], "groups": groups(results),

@@ -32,6 +32,28 @@ the whole token budget (vLLM refuses such a config: it requires
 ``max_num_batched_tokens >= max_model_len`` then). None of these happens in a run vLLM completes, so
 rejection never changes a decision vLLM makes.
 
+Asynchronous admission (knob ``async_admission``, off by default). With async scheduling vLLM's
+``EngineCore`` steps with ``step_with_batch_queue`` over a batch queue of two
+(``max_concurrent_batches`` is 2 when ``scheduler_config.async_scheduling``). Each call schedules
+batch n + 1 and launches it behind batch n, then blocks on batch n's result and runs
+``update_from_output``; only after it returns does ``run_busy_loop`` call ``_process_input_queue``,
+where ``add_request`` hands new requests to the scheduler (``vllm/v1/engine/core.py``; read in
+vLLM 0.11, whose call returns early while the queue has room, and in vllm-project/vllm main of
+2026, the same order; the ``queue.Queue`` form of 0.10, where async scheduling came in, also). So
+batch n + 1 was scheduled as batch n started on the GPU, and a request arriving while batch n runs
+(or after it ended, before the next schedule) first runs in batch n + 2, one step later than the
+synchronous ``step()`` (schedule, execute, update) runs it. An idle engine blocks in
+``_process_input_queue`` and schedules a request at once; and when the batch behind the running
+one is empty (its requests all end in the running one: the async scheduler skips a request whose
+``max_tokens`` the step in flight reaches) the arrival runs in the next non-empty batch, right after.
+The knob models this as :mod:`policies.trtllm` models TensorRT-LLM's overlap scheduler: a request
+added while a step is in flight (a plan was scheduled and no ``schedule()`` came since) joins the
+waiting queue once one more step has been scheduled without it; a ``schedule()`` that would be
+empty without such requests takes them at once. Not modelled: batch n + 1 is built before batch n's
+finishes free their slots and blocks. Fast-forward: no pure-decode stretch is offered while such a
+request waits (the next steps are a decode and then its admission), so runs stay exact; with the
+knob off nothing changes.
+
 Speculative decoding (:meth:`VllmV1Policy.enable_speculation`; vLLM ``vllm/v1/core/sched/scheduler.py``):
 a request whose last scheduled step completed it (it sampled a token, so the drafter proposed
 ``k`` drafts for it: ``update_draft_token_ids`` ignores drafts of prefill chunks) asks for
@@ -66,7 +88,9 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
     name = "vllm-v1"
     _keep_edges = True  # False: rebuild the edge calendar at every bulk step (tests compare both)
     # add_request only queues the request (or marks it rejected for the next schedule): it reads
-    # nothing a decode step changes, so a stretch's last step may contain an arrival
+    # nothing a decode step changes, so a stretch's last step may contain an arrival. With
+    # async_admission it also reads the step count and the in-flight flag, which a stretch sets as
+    # its steps would (advance_decodes): an arrival in its last step waits as it would stepped
     stretch_past_arrivals = True
     finish_step_reads_plan = False  # it releases the finished requests and reads no plan
     summary = (
@@ -112,6 +136,13 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             True,
             "split prompts across steps to fit the token budget; off: a prompt that does not "
             "fit the remaining budget waits",
+            bool,
+        ),
+        "async_admission": Knob(
+            False,
+            "vLLM's async scheduling (batch queue of 2): a request arriving while a step runs enters "
+            "the step after the next one, which was scheduled as the running one started; an idle "
+            "engine takes it at once (off: it enters the next step, as synchronous vLLM does)",
             bool,
         ),
         "kv_offload": Knob(
@@ -177,6 +208,12 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._tick = 0  # pure-decode steps taken since the calendar was built
         self._ranks = 0  # ranks given so far (a request's rank orders it as the running list does)
         self._bulk_run = 0  # bulk steps since the calendar was dropped (the first one scans the batch)
+        # async admission (module doc): requests added while a step was in flight, with the step count
+        # after which they may join the waiting queue
+        self._async_admission = bool(k["async_admission"])
+        self._steps = 0  # non-empty steps scheduled (stretch steps included)
+        self._in_flight = False  # a non-empty plan was scheduled and no schedule() came since
+        self._unfetched: deque[tuple[int, Request]] = deque()
 
     # --- speculative decoding ---------------------------------------------------------------
     supports_speculation = True
@@ -249,7 +286,19 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
             )
             return
         req.status = Status.WAITING
+        if self._in_flight and self._async_admission:
+            # step_with_batch_queue scheduled the next step as this one started: the request is
+            # added after this step's update_from_output and first scheduled in the step after next
+            self._unfetched.append((self._steps + 1, req))
+            return
         self._push_waiting(req)
+
+    def _fetch(self, every: bool) -> None:
+        """Requests added while a step was in flight join the waiting queue once one more step has
+        been scheduled (``every``: all of them, the engine has nothing else to schedule)."""
+        pending = self._unfetched
+        while pending and (every or pending[0][0] <= self._steps):
+            self._push_waiting(pending.popleft()[1])
 
     def _reject(self, req: Request, reason: str) -> None:
         self.kv.release(req)
@@ -267,6 +316,21 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._push_waiting(req, front=True)
 
     def schedule(self) -> StepPlan:
+        if not self._async_admission:
+            return self._schedule()
+        if self._unfetched:
+            self._fetch(False)
+        plan = self._schedule()
+        if plan.is_empty and self._unfetched and not plan.rejected and not plan.preempted:
+            # the step scheduled behind the one that ended is empty: the arrivals run in the next one
+            self._fetch(True)
+            plan = self._schedule()
+        self._in_flight = not plan.is_empty
+        if self._in_flight:
+            self._steps += 1
+        return plan
+
+    def _schedule(self) -> StepPlan:
         lim, kv = self.limits, self.kv
         plan = StepPlan()
         if self._rejected:
@@ -628,7 +692,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
 
     @property
     def num_waiting(self) -> int:
-        return len(self._heap) if self._priority else len(self._fifo)
+        """The waiting queue and the requests added while a step was in flight (async admission)."""
+        return (len(self._heap) if self._priority else len(self._fifo)) + len(self._unfetched)
 
     def has_work(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._rejected)
@@ -652,7 +717,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
 
     def drain(self) -> list[Request]:
         """Take out every request still held (running, then waiting) and free their blocks."""
-        out = self.running + self.waiting_requests()
+        out = self.running + self.waiting_requests() + [r for _, r in self._unfetched]
+        self._unfetched.clear()
         for r in out:
             self.kv.release(r)
         self.running = []
@@ -668,6 +734,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         """The KV work of ``k`` pure-decode steps (:class:`PagedDecodeStretch`) for the requests
         of the calendar's buckets due inside the stretch (the others cross no block edge there),
         and the calendar's tick moved ``k`` on: every phase stays as it was."""
+        self._steps += k  # async admission counts them: an arrival in the last one waits as stepped
+        self._in_flight = True
         edges = self._edges
         if edges is None or batch is not self.running:
             if edges is not None:
@@ -703,8 +771,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         used up. Nothing of this changes while only decodes happen, so it holds for every step
         until an arrival or a finish, as far as the free blocks last (decode_stretch_limit)."""
         running = self.running
-        if not self._decode_ready or self._rejected or not running:
-            return None
+        if not self._decode_ready or self._rejected or not running or self._unfetched:
+            return None  # a request added during a step (async admission) joins in one of the next two
         b = len(running)
         lim = self.limits
         if b > lim.max_num_batched_tokens:

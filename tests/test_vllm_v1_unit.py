@@ -238,6 +238,7 @@ def test_knobs_are_documented_and_validated():
         "scheduler_reserve_full_isl": True,
         "enable_chunked_prefill": True,
         "kv_offload": True,  # uses engine.kv_offloading_size's tiers when the engine has them
+        "async_admission": False,  # a request arriving mid-step enters the next step (synchronous vLLM)
     }
     assert all(k.help for k in VllmV1Policy.KNOBS.values())
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):

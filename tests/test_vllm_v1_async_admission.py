@@ -1,0 +1,158 @@
+"""vllm-v1's ``async_admission`` knob: vLLM's async scheduling admits a request one step late.
+
+With async scheduling, ``EngineCore.step_with_batch_queue`` schedules batch n + 1 as batch n starts
+and adds new requests only after batch n's output is processed, so a request arriving while batch n
+runs first runs in batch n + 2; an idle engine schedules it at once (policies/vllm_v1.py, module
+doc). Checked here on the policy driven by hand, in closed form on a constant-step simulation, and
+for the fast-forward, which must leave every run with the knob on exactly as stepped.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.base import EngineLimits, Request, Status, emit_tokens
+from policies.registry import make_policy
+from sim.workload.request_spec import RequestSpec
+from tests.helpers import simulate as simulate_constant
+from tests.test_fast_forward import CASES, CLOSED_CASES, assert_same_run
+from tests.test_fast_forward import simulate as simulate_ff
+
+LIMITS = EngineLimits(block_size=4, num_gpu_blocks=200, max_num_seqs=8, max_num_batched_tokens=256,
+                      max_model_len=512)
+
+
+def _first_step_of(policy, rid: str, arrive, steps: int = 10) -> int:
+    """The 1-based step in which request ``rid`` is first scheduled; ``arrive(k, in_flight)`` adds
+    requests while step k runs (in_flight True) or after it ended, before the next schedule."""
+    for k in range(1, steps + 1):
+        plan = policy.schedule()
+        if any(r.id == rid for r in plan.scheduled):
+            return k
+        arrive(k, True)
+        done = [r for r in emit_tokens(plan) if r.num_output_tokens >= r.max_tokens]
+        for r in done:
+            r.status = Status.FINISHED
+        policy.finish_step(plan, done)
+        arrive(k, False)
+    raise AssertionError(f"{rid} never scheduled in {steps} steps")
+
+
+@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("when", ["in_flight", "between"])
+def test_a_request_arriving_during_a_step_enters_the_step_after_next(on, when):
+    """A decodes for 20 steps; B arrives during step 2, or after it ended. Synchronous vLLM puts B in
+    step 3; with async scheduling step 3 was scheduled when step 2 started, B enters step 4."""
+    policy = make_policy("vllm-v1", LIMITS, async_admission=on)
+    policy.add_request(Request("a", 0.0, 8, 20, seq=0))
+    waiting = []
+
+    def arrive(k, in_flight):
+        if k == 2 and in_flight == (when == "in_flight"):
+            policy.add_request(Request("b", 0.0, 8, 4, seq=1))
+            waiting.append(policy.num_waiting)
+
+    assert _first_step_of(policy, "b", arrive) == (4 if on else 3)
+    assert waiting == [1]  # counted as waiting from its arrival on, fetched or not
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_an_idle_engine_takes_a_request_at_once(on):
+    """A lone request enters the first step; one arriving in (or after) the step in which the only
+    running request finishes enters the next step: the step scheduled behind it was empty."""
+    policy = make_policy("vllm-v1", LIMITS, async_admission=on)
+    policy.add_request(Request("a", 0.0, 8, 2, seq=0))
+    plan = policy.schedule()
+    assert [r.id for r in plan.scheduled] == ["a"]
+
+    policy = make_policy("vllm-v1", LIMITS, async_admission=on)
+    policy.add_request(Request("a", 0.0, 8, 2, seq=0))
+
+    def arrive(k, in_flight):
+        if k == 2 and in_flight:  # a emits its second and last token in step 2
+            policy.add_request(Request("b", 0.0, 8, 1, seq=1))
+
+    assert _first_step_of(policy, "b", arrive) == 3
+
+
+def test_requests_held_for_a_step_keep_their_order_and_are_drained():
+    """Several arrivals during one step join the waiting queue together, in arrival order, behind
+    the requests already waiting; drain() hands back the held ones too."""
+    limits = EngineLimits(block_size=4, num_gpu_blocks=200, max_num_seqs=1, max_num_batched_tokens=256,
+                          max_model_len=512)
+    policy = make_policy("vllm-v1", limits, async_admission=True)
+    policy.add_request(Request("a", 0.0, 8, 30, seq=0))
+    policy.add_request(Request("w", 0.0, 8, 30, seq=1))  # waits: max_num_seqs 1
+    plan = policy.schedule()  # step 1: a's prompt
+    policy.add_request(Request("b", 0.0, 8, 3, seq=2))
+    policy.add_request(Request("c", 0.0, 8, 3, seq=3))
+    assert policy.num_waiting == 3 and [r.id for r in policy.waiting_requests()] == ["w"]
+    emit_tokens(plan)
+    policy.finish_step(plan, [])
+    plan = policy.schedule()  # step 2: b and c not yet fetched
+    assert [r.id for r in plan.scheduled] == ["a"]
+    assert [r.id for r in policy.waiting_requests()] == ["w"]
+    emit_tokens(plan)
+    policy.finish_step(plan, [])
+    policy.schedule()  # step 3: fetched, behind w
+    assert [r.id for r in policy.waiting_requests()] == ["w", "b", "c"]
+    policy.add_request(Request("d", 0.0, 8, 3, seq=4))
+    assert sorted(r.id for r in policy.drain()) == ["a", "b", "c", "d", "w"]
+    assert policy.num_waiting == 0 and not policy.has_work()
+
+
+def test_the_knob_is_listed_and_off_by_default():
+    from policies.vllm_v1 import VllmV1Policy
+
+    knob = VllmV1Policy.KNOBS["async_admission"]
+    assert knob.default is False and knob.type is bool and "async" in knob.help
+    assert make_policy("vllm-v1", LIMITS).knobs["async_admission"] is False
+
+
+# --- closed form on a simulation: a constant 0.25 s step ------------------------------------------
+SPECS = [
+    RequestSpec("a", 0.0, 8, 20, 20),  # steps 1-20, [0, 5.0] s: its last token at 5.0 s
+    RequestSpec("b", 0.6, 8, 2, 2),  # arrives during step 3 [0.5, 0.75]
+    RequestSpec("d", 4.9, 8, 2, 2),  # arrives during a's last step [4.75, 5.0]
+    RequestSpec("c", 100.0, 8, 2, 2),  # arrives to an idle engine
+]
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_closed_form_ttft_with_and_without_async_admission(fast_forward, monkeypatch):
+    if not fast_forward:
+        monkeypatch.setenv("CBSIM_NO_FAST_FORWARD", "1")
+    ttft = {}
+    for on in (False, True):
+        requests, steps, _, _ = simulate_constant("vllm-v1", SPECS, LIMITS, step_s=0.25, async_admission=on)
+        assert (requests["state"] == "finished").all()
+        ttft[on] = dict(zip(requests["id"], requests["ttft_s"]))
+    # off: b enters step 4 [0.75, 1.0]; on: step 4 was scheduled without it, b enters step 5
+    assert ttft[False]["b"] == pytest.approx(1.0 - 0.6)
+    assert ttft[True]["b"] == pytest.approx(1.25 - 0.6)
+    # d arrives during a's last step: the step scheduled behind it is empty, d enters the next one
+    assert ttft[False]["d"] == ttft[True]["d"] == pytest.approx(5.25 - 4.9)
+    # an idle engine: at once
+    assert ttft[False]["a"] == ttft[True]["a"] == 0.25
+    assert ttft[False]["c"] == ttft[True]["c"] == 0.25
+
+
+# --- fast-forward stays exact with the knob on ----------------------------------------------------
+FF_CASES = {**{k: CASES[k] for k in ("plain", "preemption-pressure", "priority", "queue-held-by-max-num-seqs",
+                                      "arrivals-tie-step-ends", "replicas", "horizon", "prefix-caching")},
+            **{k: CLOSED_CASES[k] for k in ("closed", "closed-constant-ties", "closed-pressure", "closed-replicas",
+                                             "closed-think")}}
+
+
+@pytest.mark.parametrize("case", sorted(FF_CASES))
+def test_fast_forward_is_exact_with_async_admission(case):
+    make_specs, limits, kw = FF_CASES[case]
+    specs = make_specs()
+    on = simulate_ff("vllm-v1", specs, limits, fast_forward=True, async_admission=True, **kw)
+    off = simulate_ff("vllm-v1", specs, limits, fast_forward=False, async_admission=True, **kw)
+    assert on[3] > 0, "the workload never fast-forwarded: the comparison would prove nothing"
+    assert off[3] == 0
+    assert_same_run(on, off)
+    if case in ("plain", "closed"):  # the knob changes these runs: the comparison is not of the old runs
+        sync = simulate_ff("vllm-v1", specs, limits, fast_forward=True, **kw)
+        assert sync[0]["ttft_s"].mean() < on[0]["ttft_s"].mean()

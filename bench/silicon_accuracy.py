@@ -221,7 +221,7 @@ class Row:
     client: str = "inferencemax"  # --client: how the benchmark client is replayed (CLIENTS; default CLIENT)
     moe_kernel: str = "database"  # the routed experts' kernel its table prices (moe_kernel_of)
     vllm_async: str = "version"  # --vllm-async: how a vLLM row's async scheduling is chosen (vllm_async_scheduling)
-    vllm_async_admission: bool = False  # --vllm-async-admission: async vLLM rows admit a step late (a sensitivity)
+    vllm_async_admission: bool = True  # --vllm-async-admission: async vLLM rows admit a step late, as vLLM does
 
     @property
     def table_key(self) -> tuple:
@@ -674,6 +674,9 @@ def moe_kernel_of(row: Row, choice: str = MOE_KERNEL) -> str:
 # generator for that version (generator/config/backend_templates/vllm/cli_args.0.12.0.j2) passes none,
 # so they run the version's default. Rows without a version keep cbsim's default (async).
 VLLM_ASYNC = "version"
+# and such a server admits a request arriving during step k in step k + 2 (vllm-v1's async_admission,
+# which cbsim's own default leaves off for the fast-forward's sake: docs/accuracy-corpus.md)
+VLLM_ASYNC_ADMISSION = "on"
 
 
 def vllm_async_scheduling(row: Row) -> bool:
@@ -783,8 +786,8 @@ def scenario_of(row: Row, table: str, rounds: int, send_gap_s: float = 0.0, spec
     if row.engine == "vllm" and not vllm_async_scheduling(row):
         sc["engine"]["async_scheduling"] = False  # the step is the GPU's time plus the engine's CPU time
     elif row.engine == "vllm" and row.vllm_async_admission:
-        # --vllm-async-admission: step_with_batch_queue adds a request arriving during step k to step
-        # k + 2 (policies/vllm_v1.py, async_admission), on the rows whose server scheduled asynchronously
+        # step_with_batch_queue adds a request arriving during step k to step k + 2 (policies/vllm_v1.py,
+        # async_admission), on the rows whose server scheduled asynchronously (--vllm-async-admission)
         sc["policies"][0]["async_admission"] = True
     if row.engine == "trtllm":
         # A TensorRT-LLM token budget of max(8192, prompt + clients), dense and MoE rows alike. At its
@@ -1271,10 +1274,10 @@ def parser() -> argparse.ArgumentParser:
                     help="how a vLLM row's async scheduling is chosen (default version: as its server ran it, "
                          "asynchronous from vLLM 0.14 or where its launch script sets async-scheduling, "
                          "synchronous before; always: cbsim's default, asynchronous, for every row, the comparison)")
-    ap.add_argument("--vllm-async-admission", action="store_true",
-                    help="a sensitivity: the vLLM rows whose server scheduled asynchronously (vllm_async_scheduling) "
+    ap.add_argument("--vllm-async-admission", choices=("on", "off"), default=VLLM_ASYNC_ADMISSION,
+                    help="on (default): the vLLM rows whose server scheduled asynchronously (vllm_async_scheduling) "
                          "run vllm-v1's async_admission knob (a request arriving during step k enters step k + 2, "
-                         "as vLLM's batch queue admits it); off by default")
+                         "as vLLM's batch queue admits it); off: cbsim's default, the next step (the comparison)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--mtp", default=None, metavar="K:RATE",
                     help="a sensitivity: the rows of models that ship an MTP layer (DeepSeek-V3/R1) run "
@@ -1329,7 +1332,7 @@ def main(argv=None) -> int:
         r.no_overlap = args.no_overlap
         r.client = args.client
         r.vllm_async = args.vllm_async
-        r.vllm_async_admission = args.vllm_async_admission
+        r.vllm_async_admission = args.vllm_async_admission == "on"
     spec = mtp_section(args.mtp)
     if spec is not None:
         for r in priced:
@@ -1360,8 +1363,8 @@ def main(argv=None) -> int:
             settings["moe_kernel"] = args.moe_kernel
         if args.vllm_async != VLLM_ASYNC:
             settings["vllm_async"] = args.vllm_async
-        if args.vllm_async_admission:
-            settings["vllm_async_admission"] = True
+        if args.vllm_async_admission != VLLM_ASYNC_ADMISSION:
+            settings["vllm_async_admission"] = args.vllm_async_admission
         partial = Partial(args.json, settings, args.resume) if args.json is not None else None
         done = partial.done if partial is not None else {}
         todo = longest_first([r for r in priced if r.id not in done], args.rounds)

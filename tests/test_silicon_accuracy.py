@@ -165,23 +165,24 @@ def test_vllm_rows_schedule_asynchronously_as_their_servers_were_launched():
     assert parser().parse_args(["--vllm-async", "always"]).vllm_async == "always"
 
 
-def test_vllm_async_admission_is_a_sensitivity_of_the_asynchronous_vllm_rows_only():
-    """``--vllm-async-admission`` turns vllm-v1's async_admission on for the vLLM rows whose server
-    scheduled asynchronously; synchronous rows, other engines and a plain run are left alone."""
+def test_the_asynchronous_vllm_rows_admit_a_request_a_step_late_as_their_servers_did():
+    """By default (``--vllm-async-admission on``) the vLLM rows whose server scheduled asynchronously
+    run vllm-v1's async_admission; synchronous rows and other engines are left alone, and ``off``
+    (``row.vllm_async_admission`` False) is cbsim's own default everywhere, the comparison."""
     from bench.silicon_accuracy import parser, scenario_of
 
     sync = _row(model="Qwen/Qwen3-32B", source="source_file=/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/q.csv",
                 policy="vllm-v1")
     asyn = _row(version="0.14.0", policy="vllm-v1")
     trt = _row(engine="trtllm", policy="trtllm", version="1.2.0")
-    assert all("async_admission" not in scenario_of(r, "t", 4)["policies"][0] for r in (sync, asyn, trt))
-    for r in (sync, asyn, trt):
-        r.vllm_async_admission = True
     assert scenario_of(asyn, "t", 4)["policies"][0] == {"name": "vllm-v1", "async_admission": True}
     assert "async_admission" not in scenario_of(sync, "t", 4)["policies"][0]
     assert "async_admission" not in scenario_of(trt, "t", 4)["policies"][0]
-    assert parser().parse_args([]).vllm_async_admission is False
-    assert parser().parse_args(["--vllm-async-admission"]).vllm_async_admission is True
+    for r in (sync, asyn, trt):
+        r.vllm_async_admission = False
+    assert all("async_admission" not in scenario_of(r, "t", 4)["policies"][0] for r in (sync, asyn, trt))
+    assert parser().parse_args([]).vllm_async_admission == "on"
+    assert parser().parse_args(["--vllm-async-admission", "off"]).vllm_async_admission == "off"
 
 
 def test_group_statistics_are_median_and_p90_of_the_absolute_error():

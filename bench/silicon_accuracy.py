@@ -228,20 +228,22 @@ class Row:
         """The dense path's (GPU, config, TP, precision, engine, fp8 scaling, all-reduce), and for the
         kernel_db_moe path ("moe", data_parallel, expert_parallel) after it (:func:`moe_part`), then
         the experts' kernel where it is not the database's (:func:`moe_kernel_of`: "marlin",
-        "flashinfer-mxfp8")."""
+        "flashinfer-mxfp8"). An FP8 KV cache (:attr:`table_kv`) adds "kv-fp8" after the dense part."""
         key = (self.gpu, self.config_name, self.tp, self.precision, self.engine, self.fp8_scaling, self.allreduce)
+        if self.table_kv == "fp8":
+            key += ("kv-fp8",)
         if not self.moe_path:
-            return key + ("kv-fp8",) if self.table_kv == "fp8" else key
+            return key
         kernel = (self.moe_kernel,) if self.moe_kernel != "database" else ()
         return key + ("moe", self.data_parallel, self.expert_parallel) + kernel
 
     @property
     def table_kv(self) -> str | None:
-        """The KV cache dtype the row's dense table prices: ``fp8`` where the launch script the bench
+        """The KV cache dtype the row's table prices: ``fp8`` where the launch script the bench
         replays set it (:func:`inferencemax_server`, with InferenceMAX's client), so that the table's
         attention rows are the kernels the server ran (:func:`calib.sources.kernel_db.with_kv_cache_dtype`);
-        None otherwise. The kernel_db_moe tables price the model's own dtype."""
-        if self.moe_path or self.client != "inferencemax" or not is_inferencemax(self):
+        None otherwise."""
+        if self.client != "inferencemax" or not is_inferencemax(self):
             return None
         return inferencemax_server(self)[0].get("kv_cache_dtype")
 
@@ -420,10 +422,21 @@ def moe_path(spec, row: Row) -> bool:
     return bool(spec.is_mla or spec.expert_quantization or row.data_parallel > 1 or row.expert_parallel)
 
 
+def key_kv(key: tuple) -> str | None:
+    """The KV cache dtype a table key prices (``Row.table_key``): "fp8", or None for the model's own."""
+    return "fp8" if key[7:8] == ("kv-fp8",) else None
+
+
+def _layout_part(key: tuple) -> tuple:
+    """What follows a key's dense part and its KV dtype: ("moe", dp, ep[, kernel | "mtp"]), or ()."""
+    return key[8:] if key_kv(key) else key[7:]
+
+
 def moe_part(key: tuple) -> tuple[int, bool, bool] | None:
     """(data_parallel, expert_parallel, the MTP layer's table) of a kernel_db_moe key, None for a dense one."""
-    if len(key) > 7 and key[7] == "moe":
-        return key[8], key[9], key[10:] == ("mtp",)
+    part = _layout_part(key)
+    if part[:1] == ("moe",):
+        return part[1], part[2], part[3:] == ("mtp",)
     return None
 
 
@@ -432,8 +445,9 @@ def key_moe_kernel(key: tuple) -> str:
     "flashinfer-mxfp8"."""
     from calib.sources.kernel_db_marlin import MOE_KERNELS
 
-    moe = len(key) == 11 and key[7] == "moe"
-    return key[10] if moe and key[10] in MOE_KERNELS else "database"
+    part = _layout_part(key)
+    moe = len(part) == 4 and part[0] == "moe"
+    return part[3] if moe and part[3] in MOE_KERNELS else "database"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -471,7 +485,7 @@ def table_dir(key: tuple, digest: str) -> Path:
         slug += f"-dp{dp}" + ("-ep" if ep else "") + ("-mtp" if mtp else "")
         kernel = key_moe_kernel(key)
         slug += f"-{kernel}" if kernel != "database" else ""
-    elif key[7:] == ("kv-fp8",):
+    if key_kv(key):
         slug += "-kvfp8"
     return CACHE / digest / slug
 
@@ -498,12 +512,12 @@ def build_one(args) -> tuple[tuple, str, str]:
                 from calib.sources import kernel_db_mtp
 
                 build = kernel_db_mtp.build_table
-            extra = {"moe_kernel": key_moe_kernel(key)} if not mtp else {}
+            extra = {"moe_kernel": key_moe_kernel(key), "kv_cache_dtype": key_kv(key)} if not mtp else {}
             comp = build(config, gpu, kernel_db_moe.Layout(tp, dp, ep), dtype=precision, engine=engine,
                          block_size=block, **extra)
         else:
             comp = build_table(config, gpu, tp=tp, dtype=precision, engine=engine, fp8_scaling=scaling,
-                               allreduce=allreduce, kv_cache_dtype="fp8" if key[7:] == ("kv-fp8",) else None)
+                               allreduce=allreduce, kv_cache_dtype=key_kv(key))
     except Exception as exc:  # noqa: BLE001 - AIConfigurator's own errors: the row is skipped, with the reason
         kind = "" if isinstance(exc, CbsimError) else f"{type(exc).__name__}: "
         return key, "", (kind + str(exc).split(" at /")[0])[:240]

@@ -144,7 +144,9 @@ def test_the_bench_runs_mxfp8_experts_where_the_b200_launch_script_set_it(monkey
     key = rows["b200"].table_key
     assert key[-4:] == ("moe", 1, False, KERNEL) and sa.key_moe_kernel(key) == KERNEL
     assert sa.moe_part(key) == (1, False, False)
-    assert sa.table_dir(key, "d").name == f"vllm-b200-openai--gpt-oss-120b-tp2-bf16-dp1-{KERNEL}"
+    # the B200 scripts also set kv-cache-dtype fp8 (tests/test_kernel_db_kv_dtype.py)
+    assert sa.key_kv(key) == "fp8"
+    assert sa.table_dir(key, "d").name == f"vllm-b200-openai--gpt-oss-120b-tp2-bf16-dp1-{KERNEL}-kvfp8"
     off = _row()
     sa.classify([off], moe_kernel="database")
     assert off.moe_kernel == "database" and off.table_key == key[:-1]
@@ -157,5 +159,5 @@ def test_the_bench_runs_mxfp8_experts_where_the_b200_launch_script_set_it(monkey
 
     monkeypatch.setattr(kernel_db_moe, "build_table", fake_build)
     monkeypatch.setattr(sa, "CACHE", Path("/nonexistent-cbsim-cache"))
-    assert sa.build_one((key, "d"))[2] == "stop" and seen["moe_kernel"] == KERNEL
+    assert sa.build_one((key, "d"))[2] == "stop" and seen["moe_kernel"] == KERNEL and seen["kv_cache_dtype"] == "fp8"
     assert sa.build_one((off.table_key, "d"))[2] == "stop" and seen["moe_kernel"] == "database"

@@ -50,16 +50,16 @@ def test_the_flag_is_one_error_line_where_it_does_not_apply(tmp_path, capsys):
     assert code == 2 and "--kv-cache-dtype goes with --from-kernel-db" in err and "Traceback" not in err
     code, _, err = _calibrate(capsys, tmp_path / "b", "--kv-cache-dtype", "fp4")
     assert code == 2 and "--kv-cache-dtype 'fp4': give auto (the model's dtype) or fp8" in err
-    code, _, err = run_cli(capsys, "calibrate", "--from-kernel-db", "--gpu", "h200", "--model", "openai/gpt-oss-120b",
-                           "--tp", "2", "--kv-cache-dtype", "fp8", "--out", tmp_path / "c")
-    assert code == 2 and "--kv-cache-dtype fp8 prices dense models' tables for now" in err and "Traceback" not in err
+    code, _, err = _calibrate(capsys, tmp_path / "c", "--kv-cache-dtype", "fp8", "--draft", "eagle")
+    assert code == 2 and "--kv-cache-dtype fp8 prices the target's attention; drop it for --draft" in err
+    assert "Traceback" not in err
 
 
 def test_the_bench_prices_the_kv_dtype_of_the_launch_script_it_replays():
     """InferenceMAX's Llama-3.1-70B scripts set kv-cache-dtype fp8: those rows' dense tables are
     fp8-KV tables (their own key and cache folder) under InferenceMAX's client, and not under the
     fixed-length client (whose scenario keeps the model's KV dtype); other rows are unchanged."""
-    from bench.silicon_accuracy import Row, classify, table_dir
+    from bench.silicon_accuracy import Row, classify, key_kv, moe_part, table_dir
 
     def row(**kw):
         base = dict(id="r", engine="vllm", version="", model="meta-llama/Llama-3.1-70B", system="h200_sxm",
@@ -69,8 +69,15 @@ def test_the_bench_prices_the_kv_dtype_of_the_launch_script_it_replays():
         return Row(**base)
 
     imax, fixed, other = row(), row(client="fixed"), row(model="Qwen/Qwen3-32B", source="x")
-    classify([imax, fixed, other])
+    r1 = row(engine="trtllm", model="deepseek-ai/DeepSeek-R1", tp=8, isl=8192, concurrency=64)  # dsr1_fp8_h200_trt.sh
+    sgl = row(engine="sglang", model="deepseek-ai/DeepSeek-R1", tp=8)  # dsr1_fp8_h200.sh: the model's KV dtype
+    classify([imax, fixed, other, r1, sgl])
     assert imax.table_kv == "fp8" and imax.table_key[7:] == ("kv-fp8",)
-    assert table_dir(imax.table_key, "d").name.endswith("-kvfp8")
+    assert table_dir(imax.table_key, "d").name.endswith("-kvfp8") and moe_part(imax.table_key) is None
     assert fixed.table_kv is None and len(fixed.table_key) == 7
     assert other.table_kv is None and len(other.table_key) == 7
+    # an MLA / MoE table: the KV dtype between the dense part and the layout, which still parses
+    assert r1.moe_path and r1.table_kv == "fp8" and r1.table_key[7:] == ("kv-fp8", "moe", 1, False)
+    assert moe_part(r1.table_key) == (1, False, False) and key_kv(r1.table_key) == "fp8"
+    assert table_dir(r1.table_key, "d").name == "trtllm-h200-deepseek-ai--DeepSeek-V3-tp8-fp8-block-dp1-kvfp8"
+    assert sgl.table_kv is None and moe_part(sgl.table_key) == (1, False, False) and key_kv(sgl.table_key) is None

@@ -423,14 +423,16 @@ def build_table(
     max_model_len: int = 32768,
     max_num_seqs: int = 1024,
     moe_kernel: str = "database",
+    kv_cache_dtype: str | None = None,
 ):
     """:func:`calib.sources.kernel_db.build_table` for a :class:`Layout` (and MLA models); ``moe_kernel``
-    the routed experts' kernel (:mod:`calib.sources.kernel_db_marlin`)."""
-    from calib.sources.kernel_db import require_aiconfigurator, resolve_model
+    the routed experts' kernel (:mod:`calib.sources.kernel_db_marlin`); ``kv_cache_dtype`` ``fp8``: the
+    attention rows of an FP8 KV cache (:func:`calib.sources.kernel_db.with_kv_cache_dtype`)."""
+    from calib.sources.kernel_db import require_aiconfigurator, resolve_model, with_kv_cache_dtype
 
     require_aiconfigurator()
-    return compose_source(resolve_model(model), gpu, layout, dtype=dtype, engine=engine,
-                          engine_version=engine_version, block_size=block_size,
+    return compose_source(with_kv_cache_dtype(resolve_model(model), kv_cache_dtype), gpu, layout, dtype=dtype,
+                          engine=engine, engine_version=engine_version, block_size=block_size,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, moe_kernel=moe_kernel)
 

@@ -283,10 +283,8 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
         raise CbsimError(f"--moe-kernel {moe_kernel} prices the target's routed experts; drop it for --draft")
     if kv_cache_dtype not in ("auto", "fp8"):
         raise CbsimError(f"--kv-cache-dtype {kv_cache_dtype!r}: give auto (the model's dtype) or fp8")
-    if kv_cache_dtype != "auto" and (draft is not None or moe_kernel != DEFAULTS["moe_kernel"]
-                                     or kernel_db_moe.takes(model, layout)):
-        raise CbsimError(f"--kv-cache-dtype {kv_cache_dtype} prices dense models' tables for now; drop it for "
-                         "--draft and for MLA, 4-bit-expert, expert- or data-parallel tables")
+    if kv_cache_dtype != "auto" and draft is not None:
+        raise CbsimError(f"--kv-cache-dtype {kv_cache_dtype} prices the target's attention; drop it for --draft")
     if allreduce != "custom" and (draft is not None or kernel_db_moe.takes(model, layout)):
         raise CbsimError(f"--allreduce {allreduce} prices dense models' tensor-parallel tables; drop it for "
                          "--draft and for MLA, 4-bit-expert, expert- or data-parallel tables")
@@ -306,7 +304,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
         # models and engines it does not apply to)
         comp = kernel_db_moe.build_table(model, gpu, layout, dtype=dtype, engine=engine,
                                          engine_version=engine_version, block_size=block_size,
-                                         moe_kernel=moe_kernel, **limits)
+                                         moe_kernel=moe_kernel, kv_cache_dtype=kv_cache_dtype, **limits)
     else:
         comp = build_table(model, gpu, tp=tp, dtype=dtype, engine=engine, engine_version=engine_version,
                            block_size=block_size, allreduce=allreduce, kv_cache_dtype=kv_cache_dtype, **limits)

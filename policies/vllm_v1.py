@@ -214,6 +214,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._steps = 0  # non-empty steps scheduled (stretch steps included)
         self._in_flight = False  # a non-empty plan was scheduled and no schedule() came since
         self._unfetched: deque[tuple[int, Request]] = deque()
+        if not self._async_admission:  # the engine calls schedule() every step: no wrapper in between
+            self.schedule = self._schedule
 
     # --- speculative decoding ---------------------------------------------------------------
     supports_speculation = True

@@ -8,15 +8,18 @@ row's kernel-db table, and prints beside them what the measurement implies for t
 - ``wait``: the step the request waits for. A closed-loop client sends its next request when its
   previous one ends, at the end of a step; the engine has started the next step by then (cbsim's
   loop, and vLLM V1's ``EngineCore.step``, which schedules the requests it holds), so the new request
-  waits one whole pure-decode step of the other ``N - 1`` clients' requests;
+  waits one whole pure-decode step of the other ``N - 1`` clients' requests; two where the server
+  schedules asynchronously and the bench replays its batch queue (``vllm-v1``'s ``async_admission``:
+  the step after the one in flight was scheduled without it);
 - ``prefill``: the step that holds its prompt beside those ``N - 1`` decodes, by component (GEMMs at
   M = tokens with the TP all-reduces, ``linear``; context attention ``prefill_attn``; the decodes'
   attention; ``per_seq``: the LM head; ``engine_cpu``), and the steps that hold the rest of the prompt
   when it does not fit the token budget beside the decodes (vLLM's chunked prefill: ``budget - (N - 1)``
   tokens in the first);
 - ``bound``: the prefill's FLOPs at the GPU's dense FP8 (or BF16) Tensor Core peak;
-- ``implied``: the measured TTFT less one measured decode step (the row's TPOT), what the real
-  prefill step(s) took if the wait is as above, and its ratio to the simulated prefill.
+- ``implied``: the measured TTFT less the measured decode steps waited (the row's TPOT, once or
+  twice as above), what the real prefill step(s) took if the wait is as above, and its ratio to the
+  simulated prefill.
 
 The other clients' decodes are priced at the mean context of uniform phases (``ISL + OSL / 2``), so
 ``total`` is the mean of the simulated TTFTs up to the curvature of the decode attention in the
@@ -56,6 +59,7 @@ class Parts:
     components: dict[str, float]  # the first prefill step by component (their sum is its GPU time)
     bound_s: float  # the whole prompt's FLOPs at the GPU's dense Tensor Core peak
     chunks: list[int]  # prompt tokens per step
+    wait_steps: int = 1  # the decode steps in wait_s (two where the server admits a step late)
 
     @property
     def total_s(self) -> float:
@@ -80,9 +84,11 @@ def latency_of(scenario: dict):
     return dep.latency(), limits, dep
 
 
-def parts(latency, isl: int, others: int, other_context: float, budget: int, peak_flops: float) -> Parts:
+def parts(latency, isl: int, others: int, other_context: float, budget: int, peak_flops: float,
+          wait_steps: int = 1) -> Parts:
     """The closed form of the module docstring for one prompt of ``isl`` tokens beside ``others``
-    decoding requests of mean context ``other_context``, under a token budget of ``budget``."""
+    decoding requests of mean context ``other_context``, under a token budget of ``budget``, after
+    ``wait_steps`` pure-decode steps of theirs."""
     from sim.latency.base import step_shape
 
     ctx = int(round(other_context))
@@ -91,7 +97,7 @@ def parts(latency, isl: int, others: int, other_context: float, budget: int, pea
         plan = _plan(news, contexts)
         return latency.price(step_shape(plan), plan)[0]
 
-    wait = price([1] * others, [ctx] * others) if others else 0.0
+    wait = wait_steps * price([1] * others, [ctx] * others) if others else 0.0
     chunks, left = [], isl
     while left > 0:
         n = min(left, budget - others)
@@ -105,7 +111,7 @@ def parts(latency, isl: int, others: int, other_context: float, budget: int, pea
     comps = components(latency, chunks[0], others, ctx + 1)
     # the prompt's own FLOPs on one GPU (a TP shard): linear layers, attention, its LM head once
     flops = latency.step_flops_bytes(step_shape(_plan([isl], [0])))[0]
-    return Parts(wait, steps[0], sum(steps[1:]), comps, flops / peak_flops, chunks)
+    return Parts(wait, steps[0], sum(steps[1:]), comps, flops / peak_flops, chunks, wait_steps)
 
 
 def components(latency, n: int, others: int, ctx: int) -> dict[str, float]:
@@ -122,10 +128,13 @@ def row_parts(row, table: str) -> Parts:
     """:func:`parts` for one corpus row (bench/silicon_accuracy.py's scenario of it)."""
     from bench.silicon_accuracy import scenario_of
 
-    latency, limits, dep = latency_of(scenario_of(row, table, 1))
+    scenario = scenario_of(row, table, 1)
+    latency, limits, dep = latency_of(scenario)
     peak = dep.gpu.fp8_flops if row.precision == "fp8" and dep.gpu.fp8_flops else dep.gpu.peak_flops
+    late = scenario["policies"][0].get("async_admission", False)  # the batch queue: one step more
     return parts(
-        latency, row.isl, row.concurrency - 1, row.isl + row.osl / 2, limits.max_num_batched_tokens, peak
+        latency, row.isl, row.concurrency - 1, row.isl + row.osl / 2, limits.max_num_batched_tokens, peak,
+        wait_steps=2 if late else 1,
     )
 
 
@@ -243,7 +252,7 @@ def main(argv=None) -> int:
             continue
         p = row_parts(r, tables[r.table_key])
         c = p.components
-        implied = r.ttft_ms - r.tpot_ms  # measured TTFT less one measured decode step
+        implied = r.ttft_ms - p.wait_steps * r.tpot_ms  # measured TTFT less the decode steps it waits
         sim_pre = (p.prefill_s + p.rest_s) * 1e3
         name = f"{r.system} {r.model.split('/')[-1][:18]} {r.isl}x{r.osl} c{r.concurrency} tp{r.tp}"[:44]
         print(
@@ -255,7 +264,8 @@ def main(argv=None) -> int:
     print(
         "\nms; wait + prefill + rest = the closed form of a lone prompt's simulated TTFT\n"
         "bound: the prompt's FLOPs per GPU at the dense FP8/BF16 peak; MFU = bound / simulated prefill\n"
-        "implied = real TTFT - real TPOT (the real prefill if the wait is one decode step); x sim = implied / simulated"
+        "implied = real TTFT - real TPOT x the decode steps waited (the real prefill if the wait is as simulated); "
+        "x sim = implied / simulated"
     )
     return 0
 

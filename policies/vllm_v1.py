@@ -214,8 +214,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._steps = 0  # non-empty steps scheduled (stretch steps included)
         self._in_flight = False  # a non-empty plan was scheduled and no schedule() came since
         self._unfetched: deque[tuple[int, Request]] = deque()
-        if not self._async_admission:  # the engine calls schedule() every step: no wrapper in between
-            self.schedule = self._schedule
+        if self._async_admission:  # the scheduler behind the batch queue's fetch (off: schedule itself)
+            self.schedule = self._schedule_admitting
 
     # --- speculative decoding ---------------------------------------------------------------
     supports_speculation = True
@@ -317,22 +317,23 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         req.num_preemptions += 1
         self._push_waiting(req, front=True)
 
-    def schedule(self) -> StepPlan:
-        if not self._async_admission:
-            return self._schedule()
+    def _schedule_admitting(self) -> StepPlan:
+        """``schedule`` with async admission (module doc): the requests whose step has come join
+        first, then the class's scheduler (looked up on the class, so a patched one runs too)."""
+        schedule = type(self).schedule
         if self._unfetched:
             self._fetch(False)
-        plan = self._schedule()
+        plan = schedule(self)
         if plan.is_empty and self._unfetched and not plan.rejected and not plan.preempted:
             # the step scheduled behind the one that ended is empty: the arrivals run in the next one
             self._fetch(True)
-            plan = self._schedule()
+            plan = schedule(self)
         self._in_flight = not plan.is_empty
         if self._in_flight:
             self._steps += 1
         return plan
 
-    def _schedule(self) -> StepPlan:
+    def schedule(self) -> StepPlan:
         lim, kv = self.limits, self.kv
         plan = StepPlan()
         if self._rejected:

@@ -82,17 +82,20 @@ def test_one_client_ttft_is_its_prefill_steps_exactly(table, isl):
     )
 
 
-def test_four_clients_wait_one_decode_step_then_prefill_beside_three_decodes(table):
+@pytest.mark.parametrize("late", [False, True], ids=["next-step", "async-admission"])
+def test_four_clients_wait_one_decode_step_then_prefill_beside_three_decodes(table, late):
     """In independent phases a new request arrives as another ends, at a step boundary, and misses the
-    step starting there: TTFT = one decode step of the other three + the prefill beside them. The
-    closed form prices the three at the mean context of uniform phases, so the simulated mean agrees
-    within the decode attention's curvature in the context (here: 0.0003 %)."""
+    step starting there: TTFT = one decode step of the other three + the prefill beside them; two
+    decode steps where the server admits asynchronously (vllm-v1's async_admission, the bench's
+    default for an asynchronous vLLM row). The closed form prices the three at the mean context of
+    uniform phases, so the simulated mean agrees within the decode attention's curvature in the
+    context (here: 0.0003 %)."""
     from dataclasses import replace
 
     from bench.ttft_parts import row_parts
 
     row, path = table
-    row = replace(row, concurrency=4)
+    row = replace(row, concurrency=4, vllm_async_admission=late)
     p = row_parts(row, path)
     alone = row_parts(replace(row, concurrency=1), path)
     assert p.wait_s > 0 and p.prefill_s > alone.prefill_s

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from policies.base import EngineLimits, Request, emit_tokens
+from policies.base import EngineLimits, Request, Status, emit_tokens
 from policies.registry import make_policy
 from sim.engine import Simulation
 from sim.hardware.models import ModelSpec
@@ -299,3 +299,72 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
         sys.argv = old
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def first_step_of(policy, rid: str, arrive, steps: int = 8) -> int:
+    """The 1-based step in which request ``rid`` is first scheduled, the policy driven by hand (each
+    step's tokens emitted, requests at ``max_tokens`` finished); ``arrive(k, in_flight)`` adds
+    requests while step k runs (in_flight True) or after it ends, before the next schedule (False).
+    How an engine that fetches requests a step late (TensorRT-LLM's overlap scheduler, vLLM's
+    async admission) is checked against one that does not."""
+    for k in range(1, steps + 1):
+        plan = policy.schedule()
+        if any(r.id == rid for r in plan.scheduled):
+            return k
+        arrive(k, True)
+        done = [r for r in emit_tokens(plan) if r.num_output_tokens >= r.max_tokens]
+        for r in done:
+            r.status = Status.FINISHED
+        policy.finish_step(plan, done)
+        arrive(k, False)
+    raise AssertionError(f"{rid} never scheduled in {steps} steps")
+
+
+GPT_OSS = "openai/gpt-oss-120b"
+
+
+def gpt_oss_moe_db(gpu, layout, kernel="database", engine="vllm"):
+    """gpt-oss-120b's kernel_db_moe database on ``gpu`` in ``layout``, its experts on ``kernel``."""
+    from calib.sources.kernel_db import resolve_model
+    from calib.sources.kernel_db_moe import MoeKernelDb
+
+    return MoeKernelDb(resolve_model(GPT_OSS), gpu, layout, engine=engine, moe_kernel=kernel)
+
+
+def moe_per_layer_ms(db, tokens) -> float:
+    """The routed experts' time of one layer at ``tokens`` tokens, ms."""
+    return db.linear_ops(tokens)["moe"].seconds * 1e3 / db.model.spec.num_layers
+
+
+def moe_build_kwargs(monkeypatch, key: tuple) -> dict:
+    """The keyword arguments ``bench/silicon_accuracy.py``'s ``build_one`` hands
+    ``kernel_db_moe.build_table`` for a table key (the build stopped before anything is composed)."""
+    from pathlib import Path
+
+    import bench.silicon_accuracy as sa
+    from calib.sources import kernel_db_moe
+    from sim.errors import CbsimError
+
+    seen: dict = {}
+
+    def fake_build(*args, **kw):
+        seen.update(kw)
+        raise CbsimError("stop")
+
+    monkeypatch.setattr(kernel_db_moe, "build_table", fake_build)
+    monkeypatch.setattr(sa, "CACHE", Path("/nonexistent-cbsim-cache"))
+    assert sa.build_one((key, "d"))[2] == "stop"
+    return seen
+
+
+def inferencemax_gpt_oss_row(image: str, **kw):
+    """A corpus row of InferenceMAX's vLLM gpt-oss-120b sweep (its dated CSV, 1k/1k, 8 clients) as
+    ``bench/silicon_accuracy.py`` reads it, measured with the vLLM ``image`` version; ``kw`` overrides
+    any field (``system``, ``tp``, the ``version`` the corpus states ...)."""
+    from bench.silicon_accuracy import Row
+
+    base = dict(id="r", engine="vllm", version=image, model=GPT_OSS, system="h200_sxm", precision="fp4", tp=8,
+                isl=1024, osl=1024, concurrency=8, ttft_ms=100.0, tpot_ms=10.0,
+                source=f"source_file=2026-03-25.csv; model=GPT-OSS-120B; image=vllm/vllm-openai:v{image}")
+    base.update(kw)
+    return Row(**base)

@@ -12,21 +12,18 @@ from pathlib import Path
 import pytest
 
 from sim.errors import CbsimError
-from tests.helpers import require_aic
+from tests.helpers import GPT_OSS as OSS
+from tests.helpers import (
+    gpt_oss_moe_db,
+    inferencemax_gpt_oss_row,
+    moe_build_kwargs,
+    moe_per_layer_ms,
+    require_aic,
+)
 
-OSS = "openai/gpt-oss-120b"
 KERNEL = "flashinfer-mxfp8"
 
 
-def _db(gpu, layout, kernel="database", engine="vllm"):
-    from calib.sources.kernel_db import resolve_model
-    from calib.sources.kernel_db_moe import MoeKernelDb
-
-    return MoeKernelDb(resolve_model(OSS), gpu, layout, engine=engine, moe_kernel=kernel)
-
-
-def _per_layer_ms(db, tokens):
-    return db.linear_ops(tokens)["moe"].seconds * 1e3 / db.model.spec.num_layers
 
 
 def test_the_same_flashinfer_operator_times_the_same_under_sglang_as_under_vllm():
@@ -41,10 +38,10 @@ def test_the_same_flashinfer_operator_times_the_same_under_sglang_as_under_vllm(
 
     spec = resolve_model(OSS).spec
     for tp in (1, 2, 4, 8):
-        vllm = _db("b200", Layout(tp))
+        vllm = gpt_oss_moe_db("b200", Layout(tp))
         sglang_bf16 = mxfp8_rows("b200", "vllm", spec, moe_tp=tp, moe_ep=1, dtype="w4a16_mxfp4")
         for tokens in (1, 3, 8, 50, 128, 700, 1024, 5000, 8192, 20000):
-            ratio = sglang_bf16.seconds(tokens) * 1e3 / _per_layer_ms(vllm, tokens)
+            ratio = sglang_bf16.seconds(tokens) * 1e3 / moe_per_layer_ms(vllm, tokens)
             assert 0.93 < ratio < 1.07, (tp, tokens, ratio)
 
 
@@ -63,14 +60,14 @@ def test_one_point_read_by_hand_from_the_mxfp8_rows():
     rows = df[(df.kernel_source == "sglang_flashinfer_trtllm_moe") & (df.moe_dtype == "w4a8_mxfp4_mxfp8")
               & (df.moe_tp_size == 2) & (df.moe_ep_size == 1) & (df.distribution == "power_law_1.2")
               & (df.hidden_size == 2880) & (df.num_experts == 128)].groupby("num_tokens").latency.mean()
-    db = _db("b200", Layout(2), KERNEL)
-    assert _per_layer_ms(db, 1024) == pytest.approx(rows[1024], rel=1e-9)
+    db = gpt_oss_moe_db("b200", Layout(2), KERNEL)
+    assert moe_per_layer_ms(db, 1024) == pytest.approx(rows[1024], rel=1e-9)
     below = max(t for t in rows.index if t < 700)
     above = min(t for t in rows.index if t > 700)
     lo, hi = rows[below], rows[above]
-    assert _per_layer_ms(db, 700) == pytest.approx(lo + (700 - below) / (above - below) * (hi - lo), rel=1e-9)
+    assert moe_per_layer_ms(db, 700) == pytest.approx(lo + (700 - below) / (above - below) * (hi - lo), rel=1e-9)
     assert db.linear_ops(1024)["moe"].source == f"silicon ({KERNEL})"
-    base = _db("b200", Layout(2))
+    base = gpt_oss_moe_db("b200", Layout(2))
     a, b = base.linear_ops(1024), db.linear_ops(1024)
     assert {k: v.seconds for k, v in a.items() if k != "moe"} == {k: v.seconds for k, v in b.items() if k != "moe"}
 
@@ -82,10 +79,10 @@ def test_mxfp8_activations_cost_less_than_bf16_most_at_prefill_sizes():
     from calib.sources.kernel_db_moe import Layout
 
     for tp in (1, 2, 4, 8):
-        bf16, mxfp8 = _db("b200", Layout(tp)), _db("b200", Layout(tp), KERNEL)
+        bf16, mxfp8 = gpt_oss_moe_db("b200", Layout(tp)), gpt_oss_moe_db("b200", Layout(tp), KERNEL)
         for tokens in (8, 16, 64):
-            assert 0.65 < _per_layer_ms(mxfp8, tokens) / _per_layer_ms(bf16, tokens) < 0.95, (tp, tokens)
-        assert _per_layer_ms(mxfp8, 8192) < 0.5 * _per_layer_ms(bf16, 8192), tp
+            assert 0.65 < moe_per_layer_ms(mxfp8, tokens) / moe_per_layer_ms(bf16, tokens) < 0.95, (tp, tokens)
+        assert moe_per_layer_ms(mxfp8, 8192) < 0.5 * moe_per_layer_ms(bf16, 8192), tp
 
 
 def test_the_option_is_refused_where_it_does_not_apply():
@@ -95,14 +92,14 @@ def test_the_option_is_refused_where_it_does_not_apply():
 
     with pytest.raises(CbsimError, match=f"^--moe-kernel {KERNEL} prices vLLM's FlashInfer MXFP4 x MXFP8 MoE kernel "
                                          r"\(VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1\); this table is for trtllm"):
-        _db("b200", Layout(1), KERNEL, engine="trtllm")
+        gpt_oss_moe_db("b200", Layout(1), KERNEL, engine="trtllm")
     with pytest.raises(CbsimError, match=r"MXFP4 experts \(gpt-oss\); 'llama-3-8b' has no experts: drop --moe-kernel$"):
         MoeKernelDb(resolve_model("llama-3-8b"), "b200", Layout(), moe_kernel=KERNEL)
     # Hopper has no such rows (no MXFP8 tensor-core path): one line naming the remedy
     with pytest.raises(CbsimError, match=f"^--moe-kernel {KERNEL}: the kernel database has no w4a8_mxfp4_mxfp8 rows "
                                          r"of FlashInfer's TRT-LLM-gen MoE .*on h200_sxm.*drop --moe-kernel"):
-        _db("h200", Layout(8), KERNEL)
-    assert _db("b200", Layout(8)).mxfp8 is None  # the default prices the database's own rows
+        gpt_oss_moe_db("h200", Layout(8), KERNEL)
+    assert gpt_oss_moe_db("b200", Layout(8)).mxfp8 is None  # the default prices the database's own rows
 
 
 def test_the_table_says_which_kernel_and_where_its_rows_come_from():
@@ -119,13 +116,7 @@ def test_the_table_says_which_kernel_and_where_its_rows_come_from():
 
 
 def _row(**kw):
-    from bench.silicon_accuracy import Row
-
-    base = dict(id="r", engine="vllm", version="0.15.1", model=OSS, system="b200_sxm", precision="fp4", tp=2,
-                isl=1024, osl=1024, concurrency=8, ttft_ms=100.0, tpot_ms=10.0,
-                source="source_file=2026-03-25.csv; model=GPT-OSS-120B; image=vllm/vllm-openai:v0.15.1")
-    base.update(kw)
-    return Row(**base)
+    return inferencemax_gpt_oss_row("0.15.1", **{"system": "b200_sxm", "tp": 2, **kw})
 
 
 def test_the_bench_runs_mxfp8_experts_where_the_b200_launch_script_set_it(monkeypatch):
@@ -150,14 +141,6 @@ def test_the_bench_runs_mxfp8_experts_where_the_b200_launch_script_set_it(monkey
     off = _row()
     sa.classify([off], moe_kernel="database")
     assert off.moe_kernel == "database" and off.table_key == key[:-1]
-    seen = {}
-    from calib.sources import kernel_db_moe
-
-    def fake_build(*args, **kw):
-        seen.update(kw)
-        raise CbsimError("stop")
-
-    monkeypatch.setattr(kernel_db_moe, "build_table", fake_build)
-    monkeypatch.setattr(sa, "CACHE", Path("/nonexistent-cbsim-cache"))
-    assert sa.build_one((key, "d"))[2] == "stop" and seen["moe_kernel"] == KERNEL and seen["kv_cache_dtype"] == "fp8"
-    assert sa.build_one((off.table_key, "d"))[2] == "stop" and seen["moe_kernel"] == "database"
+    built = moe_build_kwargs(monkeypatch, key)
+    assert built["moe_kernel"] == KERNEL and built["kv_cache_dtype"] == "fp8"
+    assert moe_build_kwargs(monkeypatch, off.table_key)["moe_kernel"] == "database"

@@ -11,20 +11,14 @@ from pathlib import Path
 import pytest
 
 from sim.errors import CbsimError
-from tests.helpers import require_aic
-
-OSS = "openai/gpt-oss-120b"
-
-
-def _db(gpu, layout, kernel="database", engine="vllm"):
-    from calib.sources.kernel_db import resolve_model
-    from calib.sources.kernel_db_moe import MoeKernelDb
-
-    return MoeKernelDb(resolve_model(OSS), gpu, layout, engine=engine, moe_kernel=kernel)
-
-
-def _per_layer_ms(db, tokens):
-    return db.linear_ops(tokens)["moe"].seconds * 1e3 / db.model.spec.num_layers
+from tests.helpers import GPT_OSS as OSS
+from tests.helpers import (
+    gpt_oss_moe_db,
+    inferencemax_gpt_oss_row,
+    moe_build_kwargs,
+    moe_per_layer_ms,
+    require_aic,
+)
 
 
 def test_the_option_is_refused_where_it_does_not_apply():
@@ -37,20 +31,20 @@ def test_the_option_is_refused_where_it_does_not_apply():
         check_moe_kernel("marlinn")
     with pytest.raises(CbsimError, match="^--moe-kernel marlin prices vLLM's Marlin MXFP4 MoE kernel .*for sglang; "
                                          "drop --moe-kernel, or use --engine vllm$"):
-        _db("h200", Layout(8), "marlin", engine="sglang")
+        gpt_oss_moe_db("h200", Layout(8), "marlin", engine="sglang")
     with pytest.raises(CbsimError, match=r"MXFP4 experts \(gpt-oss\); 'llama-3-8b' has no experts: drop --moe-kernel$"):
         MoeKernelDb(resolve_model("llama-3-8b"), "h200", Layout(), moe_kernel="marlin")
     # a typo in another option is named as that, not as a Marlin refusal
     with pytest.raises(CbsimError, match=r"^--engine 'vllmm' is not one of .*did you mean 'vllm'"):
-        _db("h200", Layout(8), "marlin", engine="vllmm")
+        gpt_oss_moe_db("h200", Layout(8), "marlin", engine="vllmm")
     with pytest.raises(CbsimError, match="tensor_parallel=3 does not divide its 64 attention heads"):
-        _db("h200", Layout(3), "marlin")
+        gpt_oss_moe_db("h200", Layout(3), "marlin")
     assert "has bf16/fp8 experts" in refusal(resolve_model("deepseek-ai/DeepSeek-V3").spec, "vllm")
     # the A100's vLLM 0.14.0 rows have no Marlin MXFP4 MoE measurement at all
     with pytest.raises(CbsimError, match="^--moe-kernel marlin: the kernel database has no Marlin MXFP4 MoE rows "
                                          "for vLLM 0.14.0 on a100_sxm at moe_tp 8, moe_ep 1"):
-        _db("a100-80gb", Layout(8), "marlin")
-    assert _db("h200", Layout(8)).marlin is None  # the default prices the database's own rows
+        gpt_oss_moe_db("a100-80gb", Layout(8), "marlin")
+    assert gpt_oss_moe_db("h200", Layout(8)).marlin is None  # the default prices the database's own rows
 
 
 def test_the_cli_writes_a_marlin_table_and_refuses_the_flag_elsewhere(tmp_path, capsys):
@@ -96,13 +90,13 @@ def test_one_point_recomputed_by_hand_from_the_marlin_rows():
     lo, hi = rows[1536], rows[2048]
     source_ms = lo + (1792 - 1536) / (2048 - 1536) * (hi - lo)
     scale = (4 * 3072 * 384) / (16 * 3584 * 384 * 1.75)  # 2880/8 = 360 pads to 384, 2880 to 3072
-    db = _db("h200", Layout(8), "marlin")
+    db = gpt_oss_moe_db("h200", Layout(8), "marlin")
     assert (db.marlin.ratio, db.marlin.shape) == (pytest.approx(1.75), (3584, 3072, 896, 16))
     assert db.marlin.scale == pytest.approx(scale, rel=1e-12)
-    assert _per_layer_ms(db, 1024) == pytest.approx(scale * source_ms, rel=1e-9)
+    assert moe_per_layer_ms(db, 1024) == pytest.approx(scale * source_ms, rel=1e-9)
     assert db.linear_ops(1024)["moe"].source == "silicon (marlin)"
     # everything but the routed experts is the database's table
-    base = _db("h200", Layout(8))
+    base = gpt_oss_moe_db("h200", Layout(8))
     a, b = base.linear_ops(1024), db.linear_ops(1024)
     assert {k: v.seconds for k, v in a.items() if k != "moe"} == {k: v.seconds for k, v in b.items() if k != "moe"}
 
@@ -118,18 +112,18 @@ def test_marlin_costs_more_than_the_triton_rows_at_prefill_sizes_and_less_at_dec
     bandwidth = {"h200": 4.8e12, "h100-sxm": 3.35e12}
     for gpu in ("h200", "h100-sxm"):
         for tp in (1, 8):
-            triton, marlin = _db(gpu, Layout(tp)), _db(gpu, Layout(tp), "marlin")
+            triton, marlin = gpt_oss_moe_db(gpu, Layout(tp)), gpt_oss_moe_db(gpu, Layout(tp), "marlin")
             for tokens in (1024, 4096, 8192):
-                assert _per_layer_ms(marlin, tokens) > 1.1 * _per_layer_ms(triton, tokens), (gpu, tp, tokens)
-            assert _per_layer_ms(marlin, 8192) > 1.7 * _per_layer_ms(triton, 8192)
+                assert moe_per_layer_ms(marlin, tokens) > 1.1 * moe_per_layer_ms(triton, tokens), (gpu, tp, tokens)
+            assert moe_per_layer_ms(marlin, 8192) > 1.7 * moe_per_layer_ms(triton, 8192)
             inter = -(-(2880 // tp) // 128) * 128
             expert_bytes = 3 * 3072 * inter * (0.5 + 1 / 32)  # FP4 values plus one e8m0 scale per 32
             for tokens in (1, 4, 16, 64):
                 if tokens > 1:
-                    assert _per_layer_ms(marlin, tokens) < _per_layer_ms(triton, tokens), (gpu, tp, tokens)
+                    assert moe_per_layer_ms(marlin, tokens) < moe_per_layer_ms(triton, tokens), (gpu, tp, tokens)
                 active = 128 * (1 - (1 - 4 / 128) ** tokens)  # distinct experts under uniform routing
-                assert _per_layer_ms(marlin, tokens) > active * expert_bytes / bandwidth[gpu] * 1e3
-                assert _per_layer_ms(marlin, tokens) >= marlin.marlin.floor_ms
+                assert moe_per_layer_ms(marlin, tokens) > active * expert_bytes / bandwidth[gpu] * 1e3
+                assert moe_per_layer_ms(marlin, tokens) >= marlin.marlin.floor_ms
 
 
 def test_no_layer_costs_less_than_the_cheapest_marlin_layer_the_database_measured():
@@ -148,12 +142,12 @@ def test_no_layer_costs_less_than_the_cheapest_marlin_layer_the_database_measure
     cheapest = marlin.loc[marlin.latency.idxmin()]
     assert (cheapest.moe_dtype, cheapest.num_tokens, cheapest.moe_tp_size) == ("int4_wo", 1, 8)
     assert marlin[marlin.moe_dtype == "w4a16_mxfp4"].latency.min() > 0.059
-    db = _db("h200", Layout(8), "marlin")
+    db = gpt_oss_moe_db("h200", Layout(8), "marlin")
     assert db.marlin.floor_ms == cheapest.latency
     unfloored = db.marlin.scale * db.marlin.latency_ms[0] * 1.75  # ~ the transfer at 1 token (rows 1, 2)
     assert unfloored < 0.5 * cheapest.latency
-    assert _per_layer_ms(db, 1) == pytest.approx(cheapest.latency, rel=1e-12)
-    assert _per_layer_ms(db, 256) > 3 * cheapest.latency  # the floor leaves the throughput regime alone
+    assert moe_per_layer_ms(db, 1) == pytest.approx(cheapest.latency, rel=1e-12)
+    assert moe_per_layer_ms(db, 256) > 3 * cheapest.latency  # the floor leaves the throughput regime alone
 
 
 def test_the_models_own_marlin_rows_are_priced_as_the_database_prices_them():
@@ -166,7 +160,7 @@ def test_the_models_own_marlin_rows_are_priced_as_the_database_prices_them():
 
     # attention DP: the experts see every rank's tokens (T x D), as AIConfigurator prices them
     for layout in (Layout(4), Layout(8, 1, True), Layout(1, 8, True)):
-        base, mine = _db("l40s", layout), _db("l40s", layout, "marlin")
+        base, mine = gpt_oss_moe_db("l40s", layout), gpt_oss_moe_db("l40s", layout, "marlin")
         assert (mine.marlin.ratio, mine.marlin.scale) == (1.0, 1.0)
         for tokens in (1, 16, 100, 1024, 3000, 8192):
             assert mine.linear_ops(tokens)["moe"].seconds == pytest.approx(base.linear_ops(tokens)["moe"].seconds,
@@ -192,13 +186,7 @@ def test_the_table_says_which_kernel_and_how(tmp_path):
 
 
 def _row(**kw):
-    from bench.silicon_accuracy import Row
-
-    base = dict(id="r", engine="vllm", version="0.18.0", model=OSS, system="h200_sxm", precision="fp4", tp=8,
-                isl=1024, osl=1024, concurrency=8, ttft_ms=100.0, tpot_ms=10.0,
-                source="source_file=2026-03-25.csv; model=GPT-OSS-120B; image=vllm/vllm-openai:v0.18.0")
-    base.update(kw)
-    return Row(**base)
+    return inferencemax_gpt_oss_row("0.18.0", **{"system": "h200_sxm", "tp": 8, **kw})
 
 
 def test_the_bench_runs_marlin_where_the_launch_script_set_it(monkeypatch):
@@ -226,14 +214,5 @@ def test_the_bench_runs_marlin_where_the_launch_script_set_it(monkeypatch):
     sa.classify([off], moe_kernel="database")
     assert off.moe_kernel == "database" and off.table_key == key[:-1]
     # the table is built with that kernel
-    seen = {}
-    from calib.sources import kernel_db_moe
-
-    def fake_build(*args, **kw):
-        seen.update(kw)
-        raise CbsimError("stop")
-
-    monkeypatch.setattr(kernel_db_moe, "build_table", fake_build)
-    monkeypatch.setattr(sa, "CACHE", Path("/nonexistent-cbsim-cache"))
-    assert sa.build_one((key, "d"))[2] == "stop" and seen["moe_kernel"] == "marlin"
-    assert sa.build_one((off.table_key, "d"))[2] == "stop" and seen["moe_kernel"] == "database"
+    assert moe_build_kwargs(monkeypatch, key)["moe_kernel"] == "marlin"
+    assert moe_build_kwargs(monkeypatch, off.table_key)["moe_kernel"] == "database"

@@ -18,6 +18,7 @@ from sim.hardware.gpus import get_gpu
 from sim.hardware.kv_capacity import reserve_bytes
 from sim.hardware.models import get_model
 from sim.hardware.trtllm_kv import CUDA_CONTEXT_BYTES, trtllm_kv
+from tests.helpers import first_step_of
 from tests.policy_invariants import drive
 from tests.test_property_policies import make_requests
 
@@ -263,21 +264,6 @@ def test_a_request_handed_over_with_its_prompts_kv_is_admitted_as_a_decode():
 
 
 # --- the overlap scheduler (disable_overlap_scheduler False, TensorRT-LLM's default) --------------
-def _first_step_of(policy, rid: str, arrive, steps: int = 8) -> int:
-    """The 1-based step in which request ``rid`` is first scheduled; ``arrive(k, in_flight)`` adds
-    requests while step k runs (in_flight True) or after it ends (False)."""
-    for k in range(1, steps + 1):
-        plan = policy.schedule()
-        if any(r.id == rid for r in plan.scheduled):
-            return k
-        arrive(k, True)
-        emitted = emit_tokens(plan)
-        done = [r for r in emitted if r.num_output_tokens >= r.max_tokens]
-        for r in done:
-            r.status = Status.FINISHED
-        policy.finish_step(plan, done)
-        arrive(k, False)
-    raise AssertionError(f"{rid} never scheduled in {steps} steps")
 
 
 @pytest.mark.parametrize("disable", [False, True])
@@ -295,7 +281,7 @@ def test_overlap_scheduler_fetches_a_request_one_or_two_steps_late(disable, when
             policy.add_request(Request("b", 0.0, 8, 4, seq=1))
 
     expected = 3 if disable else 4
-    assert _first_step_of(policy, "b", arrive) == expected
+    assert first_step_of(policy, "b", arrive) == expected
 
 
 def test_overlap_scheduler_lets_an_idle_engine_take_a_request_at_once():
@@ -309,7 +295,7 @@ def test_overlap_scheduler_lets_an_idle_engine_take_a_request_at_once():
         if k == 1 and not in_flight:  # a finished in step 1 (its one token): nothing left running
             policy.add_request(Request("b", 0.0, 8, 1, seq=1))
 
-    assert _first_step_of(policy, "b", arrive) == 2
+    assert first_step_of(policy, "b", arrive) == 2
 
 
 def test_under_attention_dp_a_request_for_an_idle_rank_of_a_busy_group_waits_for_the_groups_fetch():

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from policies.base import EngineLimits, Request, Status, emit_tokens
+from policies.base import EngineLimits, Request, emit_tokens
 from policies.registry import make_policy
 from sim.workload.request_spec import RequestSpec
+from tests.helpers import first_step_of
 from tests.helpers import simulate as simulate_constant
 from tests.test_fast_forward import CASES, CLOSED_CASES, assert_same_run
 from tests.test_fast_forward import simulate as simulate_ff
@@ -22,20 +23,6 @@ LIMITS = EngineLimits(block_size=4, num_gpu_blocks=200, max_num_seqs=8, max_num_
                       max_model_len=512)
 
 
-def _first_step_of(policy, rid: str, arrive, steps: int = 10) -> int:
-    """The 1-based step in which request ``rid`` is first scheduled; ``arrive(k, in_flight)`` adds
-    requests while step k runs (in_flight True) or after it ended, before the next schedule."""
-    for k in range(1, steps + 1):
-        plan = policy.schedule()
-        if any(r.id == rid for r in plan.scheduled):
-            return k
-        arrive(k, True)
-        done = [r for r in emit_tokens(plan) if r.num_output_tokens >= r.max_tokens]
-        for r in done:
-            r.status = Status.FINISHED
-        policy.finish_step(plan, done)
-        arrive(k, False)
-    raise AssertionError(f"{rid} never scheduled in {steps} steps")
 
 
 @pytest.mark.parametrize("on", [False, True])
@@ -52,7 +39,7 @@ def test_a_request_arriving_during_a_step_enters_the_step_after_next(on, when):
             policy.add_request(Request("b", 0.0, 8, 4, seq=1))
             waiting.append(policy.num_waiting)
 
-    assert _first_step_of(policy, "b", arrive) == (4 if on else 3)
+    assert first_step_of(policy, "b", arrive, 10) == (4 if on else 3)
     assert waiting == [1]  # counted as waiting from its arrival on, fetched or not
 
 
@@ -72,7 +59,7 @@ def test_an_idle_engine_takes_a_request_at_once(on):
         if k == 2 and in_flight:  # a emits its second and last token in step 2
             policy.add_request(Request("b", 0.0, 8, 1, seq=1))
 
-    assert _first_step_of(policy, "b", arrive) == 3
+    assert first_step_of(policy, "b", arrive, 10) == 3
 
 
 def test_requests_held_for_a_step_keep_their_order_and_are_drained():

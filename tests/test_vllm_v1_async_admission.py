@@ -213,3 +213,34 @@ def test_waiting_of_the_row_before_a_stretchs_last():
     steps.extend_decodes([4.0, 5.0, 6.0], [1.0] * 2, 3, 6, 3, [7] * 2, 0, [30] * 2, [20] * 2, [1] * 2, [2] * 2)
     steps.set_last_waiting(8)
     assert steps.column("waiting").tolist() == [5, 5, 6, 6, 6, 8]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_forward_is_exact_with_async_admission_on_random_setups(seed):
+    """Random rates, arrival grids (ties with constant-latency step ends), latency models, KV sizes,
+    horizons, replicas and routers, priorities: with the knob on the fast-forward equals stepping."""
+    import random
+
+    from tests.test_fast_forward import LIMITS as FF_LIMITS
+    from tests.test_fast_forward import TIGHT, workload
+
+    rng = random.Random(seed)
+    grid = rng.choice([0.0, 0.0, 0.01, 0.05, 0.25])
+    limits = rng.choice([FF_LIMITS, TIGHT, EngineLimits(block_size=4, num_gpu_blocks=300, max_num_seqs=6,
+                                                        max_num_batched_tokens=256, max_model_len=1024)])
+    kw = {"lat": rng.choice(["roofline", "constant", "fake-roofline"])}
+    if rng.random() < 0.3:
+        kw["horizon_s"] = rng.uniform(0.5, 5)
+    if rng.random() < 0.3:
+        kw["replicas"] = rng.choice([2, 3])
+        if rng.random() < 0.5:
+            kw["router"] = "least-outstanding"
+    priority = rng.random() < 0.3
+    if priority:
+        kw["scheduling_policy"] = "priority"
+    specs = workload(seed, n=rng.choice([60, 150]), rate=rng.choice([5.0, 20.0, 60.0, 200.0]),
+                     max_prompt=rng.choice([50, 300, 600]), max_out=rng.choice([20, 120, 300]), arrival_grid=grid,
+                     priorities=3 if priority else 0)
+    on = simulate_ff("vllm-v1", specs, limits, fast_forward=True, async_admission=True, **kw)
+    off = simulate_ff("vllm-v1", specs, limits, fast_forward=False, async_admission=True, **kw)
+    assert_same_run(on, off)

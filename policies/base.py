@@ -365,6 +365,13 @@ class Policy:
     # deliver an arrival that falls inside a stretch's last step after applying the whole stretch,
     # finishes included (sim.engine: a stretch's steps are still all scheduled before it)
     stretch_past_arrivals = False
+    # True: a request ``add_request`` receives while a step is in flight first runs in the step
+    # after next, and the step after the one it arrives in is the same pure decode as without it
+    # (vllm-v1's async_admission). After a stretch whose last step contains an arrival the engine
+    # may then apply that next step in the same timeout, with ``arrivals_behind`` set to 1 until
+    # it ends: the arrivals come that many steps before the last one applied
+    admits_a_step_late = False
+    arrivals_behind = 0
     # False: ``finish_step`` reads nothing of its plan, so after a stretch the engine passes an
     # empty one instead of building the last step's (the batch, its tokens and contexts)
     finish_step_reads_plan = True

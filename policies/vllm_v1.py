@@ -50,9 +50,13 @@ The knob models this as :mod:`policies.trtllm` models TensorRT-LLM's overlap sch
 added while a step is in flight (a plan was scheduled and no ``schedule()`` came since) joins the
 waiting queue once one more step has been scheduled without it; a ``schedule()`` that would be
 empty without such requests takes them at once. Not modelled: batch n + 1 is built before batch n's
-finishes free their slots and blocks. Fast-forward: no pure-decode stretch is offered while such a
-request waits (the next steps are a decode and then its admission), so runs stay exact; with the
-knob off nothing changes.
+finishes free their slots and blocks. Fast-forward, exact: the step after the one a request
+arrives in is a pure decode of the same batch whether or not it came, so a stretch whose last step
+contains an arrival may take one step more (``admits_a_step_late``: the engine then sets
+``arrivals_behind`` while the arrival comes, which puts its fetch one step back), and while such a
+request waits a stretch is offered that ends where it is fetched (``decode_stretch_limit``: the one
+step); none is offered when the next schedule fetches it (it may be admitted there). With the knob
+off nothing changes.
 
 Speculative decoding (:meth:`VllmV1Policy.enable_speculation`; vLLM ``vllm/v1/core/sched/scheduler.py``):
 a request whose last scheduled step completed it (it sampled a token, so the drafter proposed
@@ -90,7 +94,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
     # add_request only queues the request (or marks it rejected for the next schedule): it reads
     # nothing a decode step changes, so a stretch's last step may contain an arrival. With
     # async_admission it also reads the step count and the in-flight flag, which a stretch sets as
-    # its steps would (advance_decodes): an arrival in its last step waits as it would stepped
+    # its steps would (advance_decodes): an arrival in its last step waits as it would stepped, and
+    # one in the step before the last (admits_a_step_late) with arrivals_behind counted back
     stretch_past_arrivals = True
     finish_step_reads_plan = False  # it releases the finished requests and reads no plan
     summary = (
@@ -214,8 +219,10 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         self._steps = 0  # non-empty steps scheduled (stretch steps included)
         self._in_flight = False  # a non-empty plan was scheduled and no schedule() came since
         self._unfetched: deque[tuple[int, Request]] = deque()
-        if self._async_admission:  # the scheduler behind the batch queue's fetch (off: schedule itself)
-            self.schedule = self._schedule_admitting
+        if self._async_admission:  # the scheduler behind the batch queue's fetch (off: schedule itself);
+            self.schedule = self._schedule_admitting  # a stretch stops where a request added during a
+            self.decode_stretch_limit = self._async_stretch_limit  # step is fetched
+            self.admits_a_step_late = True
 
     # --- speculative decoding ---------------------------------------------------------------
     supports_speculation = True
@@ -291,7 +298,8 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         if self._in_flight and self._async_admission:
             # step_with_batch_queue scheduled the next step as this one started: the request is
             # added after this step's update_from_output and first scheduled in the step after next
-            self._unfetched.append((self._steps + 1, req))
+            # (the engine may have applied a step more, in the same timeout: arrivals_behind)
+            self._unfetched.append((self._steps + 1 - self.arrivals_behind, req))
             return
         self._push_waiting(req)
 
@@ -774,15 +782,31 @@ class VllmV1Policy(PagedDecodeStretch, Policy):
         used up. Nothing of this changes while only decodes happen, so it holds for every step
         until an arrival or a finish, as far as the free blocks last (decode_stretch_limit)."""
         running = self.running
-        if not self._decode_ready or self._rejected or not running or self._unfetched:
-            return None  # a request added during a step (async admission) joins in one of the next two
+        if not self._decode_ready or self._rejected or not running:
+            return None
+        unfetched = self._unfetched
+        if unfetched and unfetched[0][0] <= self._steps:
+            return None  # async admission: the next schedule fetches a request, which may be admitted
         b = len(running)
         lim = self.limits
         if b > lim.max_num_batched_tokens:
             return None
-        if self.num_waiting and b < lim.max_num_seqs and b < lim.max_num_batched_tokens:
+        # the requests Phase B would see: not those added during a step and not yet fetched
+        if (self._heap if self._priority else self._fifo) and b < lim.max_num_seqs and \
+                b < lim.max_num_batched_tokens:
             return None
         return running, self._stored_tokens
+
+    def _async_stretch_limit(self, batch: list[Request], k: int) -> int:
+        """``decode_stretch_limit`` with async admission: a stretch ends with the step after which
+        the first request added during a step is fetched (one step: the decode scheduled while
+        the step it arrived in ran), so the next schedule is where it may be admitted."""
+        unfetched = self._unfetched
+        if unfetched:
+            due = unfetched[0][0] - self._steps  # >= 1: decode_stretch offers no stretch otherwise
+            if due < k:
+                k = due
+        return PagedDecodeStretch.decode_stretch_limit(self, batch, k)
 
 
 def _priority_key(r: Request) -> tuple[int, float]:

@@ -31,7 +31,11 @@ the next arrival (start before it, end after it: stepped one by one, that step i
 the arrival and ends after it; its row's ``waiting`` counts the arrival). And a stretch that ends
 with finishes is followed, in the same timeout, by the stretch the policy offers next from that
 clock (``Replica._chain_stretches``): the stretches are applied at once, their finished requests
-ended at once, except those of a last step containing the arrival, ended after it.
+ended at once, except those of a last step containing the arrival, ended after it. Where the
+policy admits a request arriving during a step only in the step after next
+(``Policy.admits_a_step_late``: vllm-v1's ``async_admission``), the step after the arrival's is the
+same pure decode whatever arrives: the stretch takes it too when the arrival after next comes
+after it (``Replica._prepare_stretch``).
 While every running request emitted at the last step, a vllm-v1 replica knows who finishes when
 from a *finish calendar* (``sim.finish_calendar``): a stretch's length, its finishing requests
 and a bulk step's are read from it instead of from a pass over the batch.
@@ -91,15 +95,28 @@ def fast_forward_default() -> bool:
 def arrivals_on_the_clock(env: simpy.Environment, clock, items, deliver: Callable):
     """SimPy process body: hand each item (``item.spec.arrival_s`` ascending) to ``deliver`` at its
     arrival time, keeping ``clock.next_arrival_at`` exactly where SimPy will next wake, which a
-    replica's decode fast-forward must not run past; ``inf`` once every item has arrived."""
-    for item in items:
+    replica's decode fast-forward must not run past; ``inf`` once every item has arrived. And
+    ``clock.arrival_after_next``: where the arrival after that one will wake (the same time when
+    both fall together), which a stretch that crosses the next arrival may run up to with a
+    policy that admits a step late (``Replica._prepare_stretch``)."""
+    items = iter(items)
+    item = next(items, None)
+    while item is not None:
+        following = next(items, None)  # one ahead: where it will wake (arrival_after_next)
         delay = item.spec.arrival_s - env.now
+        at = env.now + delay if delay > 0 else env.now  # exactly where SimPy puts the timeout
+        if following is None:
+            clock.arrival_after_next = math.inf
+        else:  # where SimPy will put the following one's timeout, from this one's clock
+            d = following.spec.arrival_s - at
+            clock.arrival_after_next = at + d if d > 0 else at
         if delay > 0:
-            clock.next_arrival_at = env.now + delay  # exactly where SimPy puts the timeout
+            clock.next_arrival_at = at
             yield env.timeout(delay)
         clock.next_arrival_at = env.now
         deliver(item)
-    clock.next_arrival_at = math.inf
+        item = following
+    clock.next_arrival_at = clock.arrival_after_next = math.inf
 
 
 class Replica:
@@ -190,7 +207,12 @@ class Replica:
                             waiting = policy.num_waiting
                             yield env.timeout(delay)
                             if crossed and policy.num_waiting != waiting:  # arrived in the last step
-                                self.steps.set_last_waiting(policy.num_waiting)
+                                if crossed == 1:
+                                    self.steps.set_last_waiting(policy.num_waiting)
+                                else:  # in the one before (Policy.admits_a_step_late): both rows
+                                    self.steps.set_last_waiting(policy.num_waiting, 2)
+                            if crossed == 2:
+                                policy.arrivals_behind = 0
                             for req in ending:  # they end after the arrival, as stepped
                                 self._end(records[req.id], "finished")
                             continue
@@ -199,7 +221,7 @@ class Replica:
                         if prepared is not None:
                             self.busy_until = env.now + prepared[0]
                             yield env.timeout(prepared[0])
-                            self._apply_stretch(*prepared[1:])
+                            self._apply_stretch(*prepared[1:8])
                             continue
             plan = policy.schedule()
             for req in plan.rejected:
@@ -337,15 +359,19 @@ class Replica:
 
     # --- fast-forward ---------------------------------------------------------------------------
     def _chain_stretches(self, batch: list[Request], context: int):
-        """Stretches one after another, applied now, for one timeout: (its delay, whether the
-        last step contains the next arrival, the requests that finish in that step), or None
-        when not even one stretch qualifies. Where nothing can observe the replica before the
-        next arrival (``cross_arrivals``: no closed loop, one replica or a router that reads no
-        KV state), a stretch that ends with finishes is followed at once by the stretch the
-        policy offers next, from the same clock, as the loop would after a timeout: the same
-        steps, the same state, one SimPy event for all. Those requests end at once (nothing
-        reads their end before the arrival); a last step containing the arrival is applied now
-        too (the arrival only queues), its finishes and its row's waiting count after it."""
+        """Stretches one after another, applied now, for one timeout: (its delay, how many of the
+        last rows the next arrival's waiting count goes into (0: it does not come in the timeout),
+        the requests that finish in the last step), or None when not even one stretch qualifies.
+        Where nothing can observe the replica before the next arrival (``cross_arrivals``: no
+        closed loop, one replica or a router that reads no KV state), a stretch that ends with
+        finishes is followed at once by the stretch the policy offers next, from the same clock,
+        as the loop would after a timeout: the same steps, the same state, one SimPy event for
+        all. Those requests end at once (nothing reads their end before the arrival); a last step
+        containing the arrival is applied now too (the arrival only queues), its finishes and its
+        row's waiting count after it. With a policy that admits a step late, the stretch may end
+        one step after the one containing the arrival (:meth:`_prepare_stretch`): its finishes
+        and the waiting count of its last two rows after the arrival, and the policy told
+        (``Policy.arrivals_behind``, until the timeout ends)."""
         now = self.env.now
         t = now
         delay = None
@@ -353,12 +379,15 @@ class Replica:
             prepared = self._prepare_stretch(batch, context, t)
             if prepared is None:
                 break
-            d, batch, k, times, dts, flops, bytes_, waiting = prepared
+            d, batch, k, times, dts, flops, bytes_, waiting, late = prepared
             crossed = waiting is not None
             finishing = self._apply_stretch(batch, k, times, dts, flops, bytes_, None, crossed)
             delay = d
             if crossed:
-                return delay, True, finishing
+                if late:  # the arrival falls in the step before the last (_prepare_stretch)
+                    self.policy.arrivals_behind = 1
+                    return delay, 2, finishing
+                return delay, 1, finishing
             if not finishing:  # stopped by KV memory, MAX_STRETCH or a landing: a step is scheduled next
                 break
             t = float(times[k])
@@ -366,7 +395,7 @@ class Replica:
             if following is None:
                 break
             batch, context = following
-        return None if delay is None else (delay, False, ())
+        return None if delay is None else (delay, 0, ())
 
     def _prepare_stretch(self, batch: list[Request], context: int, start: float | None = None):
         """Decide how many pure-decode steps to apply at once, price them and find where the
@@ -380,7 +409,14 @@ class Replica:
         goes into the last step's row only. Where arrivals may be crossed, a stretch may be one step
         long: the step an arrival falls in (it saves the scheduled decode step that every arrival
         otherwise costs), or the step in which a request finishes, which the chain of stretches
-        then goes on from in the same timeout (scheduled alone, it is a bulk step and a timeout)."""
+        then goes on from in the same timeout (scheduled alone, it is a bulk step and a timeout).
+
+        With a policy that admits a request arriving during a step only in the step after next
+        (``Policy.admits_a_step_late``), the step after the one the arrival falls in is the same
+        pure decode whether it comes or not: the stretch takes it too (``late``) where it ends
+        strictly before the arrival after next (``arrival_after_next``: nothing else arrives
+        until then) and the horizon, and nobody finishes in the arrival's step; the policy is
+        then told that the arrival came one step before the last (``Policy.arrivals_behind``)."""
         env, sim = self.env, self.simulation
         origin = env.now  # where SimPy's clock is: the timeout is added to it
         now = origin if start is None else start  # where this stretch starts (later in a chain)
@@ -399,8 +435,11 @@ class Replica:
         least = 1 if cross else MIN_STRETCH
         if not cross and room < MIN_STRETCH * dt1:
             return None
-        # steps that can end before the bound, and with ``cross`` the one after them
-        k = MAX_STRETCH if room == math.inf else min(MAX_STRETCH, int(room / dt1) + 1 + cross)
+        # the step after the arrival's one too (a policy that admits a step late), up to here
+        after = sim.arrival_after_next if cross and self.policy.admits_a_step_late else None
+        # steps that can end before the bound, and with ``cross`` the one after them (and the next)
+        k = MAX_STRETCH if room == math.inf else \
+            min(MAX_STRETCH, int(room / dt1) + 1 + cross + (after is not None))
         # no request may finish before the stretch's last step: stop at the first one's last token
         cal = self.calendar
         if cal is not None and len(cal.heap) == b == self.policy.num_running:
@@ -426,11 +465,17 @@ class Replica:
             dts, flops, bytes_ = pricer.steps(b, context, k)
             times = [now]
             t = now
-            for dt in dts:
+            late = False
+            for j, dt in enumerate(dts):
                 t += dt
                 if not t < bound:  # this step and the later ones end at or after the bound
                     if cross and t > arrival and t < horizon:
                         times.append(t)  # the step the arrival falls in, strictly inside it
+                        if after is not None and j + 1 < len(dts):
+                            t += dts[j + 1]
+                            if t < after and t < horizon:  # and the step after it
+                                times.append(t)
+                                late = True
                     break
                 times.append(t)
             k = len(times) - 1
@@ -442,8 +487,12 @@ class Replica:
             np.cumsum(times, out=times)  # sequential: now + dt1, then + dt2, ... as SimPy adds them
             # every step must end strictly before the next arrival and the horizon
             n = int(np.searchsorted(times[1:], bound, side="left"))
+            late = False
             if cross and n < k and times[n + 1] > arrival and times[n + 1] < horizon:
                 n += 1
+                if after is not None and n < k and times[n + 1] < after and times[n + 1] < horizon:
+                    n += 1
+                    late = True
             k = n
         crossing = cross and times[k] > arrival
         if k < (1 if cross else MIN_STRETCH):
@@ -453,11 +502,14 @@ class Replica:
             if delay is not None:
                 break
             k -= 1  # rare: no float delay lands there; the last step is then taken normally
+            if late:  # the arrival's step is the last one now
+                late = False
+                continue
             crossing = False
             if k < MIN_STRETCH:
                 return None
         waiting = self.policy.num_waiting if crossing else None  # the rows before the arrival's
-        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting
+        return delay, batch, k, times[: k + 1], dts[:k], flops[:k], bytes_[:k], waiting, late
 
     def _stretch_pass(self, batch, k, times) -> list[Request]:
         """A stretch's runs and finishes, request by request: each request's run goes on or
@@ -721,6 +773,7 @@ class Simulation:
         self.horizon_reason = horizon_reason  # why requests still held at horizon_s are unfinished
         self.cap_reason = cap_reason
         self.next_arrival_at = math.inf  # event time of the next arrival not yet handed out
+        self.arrival_after_next = math.inf  # and of the one after it (arrivals_on_the_clock)
         if fast_forward is None:
             fast_forward = fast_forward_default()
         self.fast_forward = fast_forward

@@ -125,10 +125,8 @@ def test_closed_form_ttft_with_and_without_async_admission(fast_forward, monkeyp
 
 
 # --- fast-forward stays exact with the knob on ----------------------------------------------------
-FF_CASES = {**{k: CASES[k] for k in ("plain", "preemption-pressure", "priority", "queue-held-by-max-num-seqs",
-                                      "arrivals-tie-step-ends", "replicas", "horizon", "prefix-caching")},
-            **{k: CLOSED_CASES[k] for k in ("closed", "closed-constant-ties", "closed-pressure", "closed-replicas",
-                                             "closed-think")}}
+# every fast-forward case of tests/test_fast_forward.py (open and closed loops)
+FF_CASES = {**CASES, **CLOSED_CASES}
 
 
 @pytest.mark.parametrize("case", sorted(FF_CASES))
@@ -143,3 +141,93 @@ def test_fast_forward_is_exact_with_async_admission(case):
     if case in ("plain", "closed"):  # the knob changes these runs: the comparison is not of the old runs
         sync = simulate_ff("vllm-v1", specs, limits, fast_forward=True, **kw)
         assert sync[0]["ttft_s"].mean() < on[0]["ttft_s"].mean()
+
+
+@pytest.mark.parametrize("case", ["plain", "replicas-least-outstanding", "prefix-caching-pressure", "horizon"])
+def test_the_step_after_an_arrival_is_taken_inside_a_stretch(case, monkeypatch):
+    """With the knob the step after the one an arrival falls in is a pure decode of the same batch:
+    a stretch that crosses the arrival takes it too, in the same timeout (the arrival counted in both
+    rows' ``waiting``, fetched at the schedule after it), or the stretch offered while the request
+    waits to be fetched is that one step; nothing is scheduled one by one for it. Both must happen
+    in these workloads, and the runs stay exact (stepped: every step scheduled)."""
+    import sim.engine
+    from policies.vllm_v1 import VllmV1Policy
+    from sim.metrics.steps import ReplicaSteps
+
+    seen = {"late": 0, "late_waiting": 0, "one_step_for_a_fetch": 0}
+    chain = sim.engine.Replica._chain_stretches
+    set_waiting = ReplicaSteps.set_last_waiting
+    decode_stretch = VllmV1Policy.decode_stretch
+
+    def chained(self, batch, context):
+        unfetched = bool(self.policy._unfetched)
+        steps = self.stretch_steps
+        out = chain(self, batch, context)
+        seen["late"] += out is not None and out[1] == 2
+        seen["one_step_for_a_fetch"] += unfetched and self.stretch_steps - steps == 1
+        return out
+
+    def waiting(steps, n, rows=1):
+        seen["late_waiting"] += rows == 2
+        return set_waiting(steps, n, rows)
+
+    def offered(self):
+        out = decode_stretch(self)
+        # never while the next schedule fetches a request: it may be admitted there
+        assert out is None or not self._unfetched or self._unfetched[0][0] > self._steps
+        return out
+
+    monkeypatch.setattr(sim.engine.Replica, "_chain_stretches", chained)
+    monkeypatch.setattr(ReplicaSteps, "set_last_waiting", waiting)
+    monkeypatch.setattr(VllmV1Policy, "decode_stretch", offered)
+    make_specs, limits, kw = CASES[case]
+    specs = make_specs()
+    on = simulate_ff("vllm-v1", specs, limits, fast_forward=True, async_admission=True, **kw)
+    assert seen["late"] > 0 and seen["late_waiting"] > 0 and seen["one_step_for_a_fetch"] > 0
+    off = simulate_ff("vllm-v1", specs, limits, fast_forward=False, async_admission=True, **kw)
+    assert_same_run(on, off)
+
+
+def test_waiting_of_the_row_before_a_stretchs_last():
+    """``set_last_waiting(n, 2)`` sets the last two rows of a stretch (the arrival in the step before
+    its last): the column has n there and the stretch's count on its other rows."""
+    from sim.metrics.steps import ReplicaSteps
+
+    steps = ReplicaSteps(0)
+    times = [0.0, 1.0, 2.0, 3.0, 4.0]
+    steps.extend_decodes(times, [1.0] * 4, 3, 5, 3, [7] * 4, 0, [30] * 4, [20] * 4, [1] * 4, [2] * 4)
+    steps.set_last_waiting(6, 2)
+    steps.extend_decodes([4.0, 5.0, 6.0], [1.0] * 2, 3, 6, 3, [7] * 2, 0, [30] * 2, [20] * 2, [1] * 2, [2] * 2)
+    steps.set_last_waiting(8)
+    assert steps.column("waiting").tolist() == [5, 5, 6, 6, 6, 8]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_forward_is_exact_with_async_admission_on_random_setups(seed):
+    """Random rates, arrival grids (ties with constant-latency step ends), latency models, KV sizes,
+    horizons, replicas and routers, priorities: with the knob on the fast-forward equals stepping."""
+    import random
+
+    from tests.test_fast_forward import LIMITS as FF_LIMITS
+    from tests.test_fast_forward import TIGHT, workload
+
+    rng = random.Random(seed)
+    grid = rng.choice([0.0, 0.0, 0.01, 0.05, 0.25])
+    limits = rng.choice([FF_LIMITS, TIGHT, EngineLimits(block_size=4, num_gpu_blocks=300, max_num_seqs=6,
+                                                        max_num_batched_tokens=256, max_model_len=1024)])
+    kw = {"lat": rng.choice(["roofline", "constant", "fake-roofline"])}
+    if rng.random() < 0.3:
+        kw["horizon_s"] = rng.uniform(0.5, 5)
+    if rng.random() < 0.3:
+        kw["replicas"] = rng.choice([2, 3])
+        if rng.random() < 0.5:
+            kw["router"] = "least-outstanding"
+    priority = rng.random() < 0.3
+    if priority:
+        kw["scheduling_policy"] = "priority"
+    specs = workload(seed, n=rng.choice([60, 150]), rate=rng.choice([5.0, 20.0, 60.0, 200.0]),
+                     max_prompt=rng.choice([50, 300, 600]), max_out=rng.choice([20, 120, 300]), arrival_grid=grid,
+                     priorities=3 if priority else 0)
+    on = simulate_ff("vllm-v1", specs, limits, fast_forward=True, async_admission=True, **kw)
+    off = simulate_ff("vllm-v1", specs, limits, fast_forward=False, async_admission=True, **kw)
+    assert_same_run(on, off)

@@ -151,6 +151,8 @@ class ReplicaSteps:
         self.all_int = {c: True for c in _MAYBE_INT}
         self._full: dict[str, np.ndarray] = {}  # sparse columns laid out over every row (column())
         self._layout = None  # (row count key, stretch rows) cached by _stretch_rows
+        # stretch rows whose waiting is not their stretch's, and their waiting (set_last_waiting)
+        self.waiting_rows, self.waiting_of_rows = array("q"), array("q")
         self._bind()
 
     def _bind(self) -> None:
@@ -318,6 +320,9 @@ class ReplicaSteps:
                 out[rows] = np.repeat(np.frombuffer(body, dtype=_NUMPY_OF[body.typecode]), k)
             tail = self.runs[tail]
             out[last] = np.frombuffer(tail, dtype=_NUMPY_OF[tail.typecode])
+        if name == "waiting" and self.waiting_rows:
+            out[np.frombuffer(self.waiting_rows, dtype=np.int64)] = np.frombuffer(self.waiting_of_rows, dtype=np.int64)
+            self.waiting_rows, self.waiting_of_rows = array("q"), array("q")
         # the column laid out replaces its stepped rows' storage (no second copy beside the frame's
         # column); the rows are final: a later append or stretch fails instead of misplacing rows
         self._full[name] = out
@@ -333,13 +338,19 @@ class ReplicaSteps:
     def end_times(self) -> np.ndarray:
         return np.frombuffer(self.ends, dtype=np.float64)
 
-    def set_last_waiting(self, waiting: int) -> None:
+    def set_last_waiting(self, waiting: int, rows: int = 1) -> None:
         """The last row's ``waiting``: requests arrived during a stretch's last step queue after
-        it only (``sim.engine.Replica._apply_stretch``; the rows before keep the count before)."""
+        it only (``sim.engine.Replica._apply_stretch``; the rows before keep the count before).
+        ``rows`` 2: the last two rows of a stretch, the arrival in the step before its last
+        (``sim.engine.Replica._prepare_stretch``'s ``late``): the one before the last is kept
+        aside and laid over the column (:meth:`column`)."""
         if self.stepped and self.stepped[-1] == len(self.ends) - 1:
             self.columns["waiting"][-1] = waiting
         else:
             self.runs["waiting_last"][-1] = waiting
+            if rows == 2:
+                self.waiting_rows.append(len(self.ends) - 2)
+                self.waiting_of_rows.append(waiting)
 
 
 def merge_steps_frame(replicas) -> pd.DataFrame:

@@ -466,13 +466,14 @@ class Replica:
             times = [now]
             t = now
             late = False
-            for j, dt in enumerate(dts):
+            for dt in dts:
                 t += dt
                 if not t < bound:  # this step and the later ones end at or after the bound
                     if cross and t > arrival and t < horizon:
                         times.append(t)  # the step the arrival falls in, strictly inside it
-                        if after is not None and j + 1 < len(dts):
-                            t += dts[j + 1]
+                        j = len(times) - 1  # the index in dts of the step after it
+                        if after is not None and j < len(dts):
+                            t += dts[j]
                             if t < after and t < horizon:  # and the step after it
                                 times.append(t)
                                 late = True

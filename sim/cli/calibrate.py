@@ -27,7 +27,7 @@ from sim.cli.app import app
 # options' defaults, read by the options below and by kernel_db_command, which leaves an option at
 # its default out of the recorded command: one place, so a recorded command always rebuilds its table
 DEFAULTS = {"tp": 1, "data_parallel": 1, "engine": "vllm", "block_size": 16, "allreduce": "custom",
-            "moe_kernel": "database"}
+            "moe_kernel": "database", "kv_cache_dtype": "auto"}
 
 
 @app.command("calibrate")
@@ -70,9 +70,9 @@ def calibrate_cmd(
                                    "same tokens per expert; docs/calibration.md) or flashinfer-mxfp8 (vLLM MXFP4 "
                                    "experts on Blackwell run with VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, priced from "
                                    "the database's SGLang rows of the same FlashInfer kernel)"),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="with --from-kernel-db: the KV cache dtype "
-                                       "the engine runs (vLLM's --kv-cache-dtype): auto (the model's) or fp8 (the "
-                                       "database's attention rows for an FP8 KV cache; dense tables)"),
+    kv_cache_dtype: str = typer.Option(DEFAULTS["kv_cache_dtype"], "--kv-cache-dtype", help="with --from-kernel-db: "
+                                       "the KV cache dtype the engine runs (vLLM's --kv-cache-dtype): auto (the "
+                                       "model's) or fp8 (the database's attention rows for an FP8 KV cache)"),
     draft: str = typer.Option(None, "--draft", help="with --from-kernel-db: the table of --model's speculative "
                                                     "head instead (eagle or eagle3: one layer at its width and "
                                                     "the head's LM head; mtp: the model's own multi-token-"
@@ -127,7 +127,7 @@ def calibrate_cmd(
 
     if moe_kernel != DEFAULTS["moe_kernel"] and not from_kernel_db:
         raise CbsimError("--moe-kernel goes with --from-kernel-db (the kernel database's MoE rows)")
-    if kv_cache_dtype != "auto" and not from_kernel_db:
+    if kv_cache_dtype != DEFAULTS["kv_cache_dtype"] and not from_kernel_db:
         raise CbsimError("--kv-cache-dtype goes with --from-kernel-db (the kernel database's attention rows for "
                          "that KV dtype); a scenario sets engine.kv_cache_dtype")
     if allreduce != "custom" and not from_kernel_db:
@@ -283,7 +283,7 @@ def calibrate_from_kernel_db(out: Path, *, model: str | None, gpu: str | None, t
         raise CbsimError(f"--moe-kernel {moe_kernel} prices the target's routed experts; drop it for --draft")
     if kv_cache_dtype not in ("auto", "fp8"):
         raise CbsimError(f"--kv-cache-dtype {kv_cache_dtype!r}: give auto (the model's dtype) or fp8")
-    if kv_cache_dtype != "auto" and draft is not None:
+    if kv_cache_dtype != DEFAULTS["kv_cache_dtype"] and draft is not None:
         raise CbsimError(f"--kv-cache-dtype {kv_cache_dtype} prices the target's attention; drop it for --draft")
     if allreduce != "custom" and (draft is not None or kernel_db_moe.takes(model, layout)):
         raise CbsimError(f"--allreduce {allreduce} prices dense models' tensor-parallel tables; drop it for "
@@ -351,7 +351,7 @@ def kernel_db_command(out: Path, *, model: str, gpu: str, tp: int, dtype: str | 
         ("--tp", tp, DEFAULTS["tp"]), ("--data-parallel", data_parallel, DEFAULTS["data_parallel"]),
         ("--dtype", dtype, None), ("--engine", engine, DEFAULTS["engine"]), ("--engine-version", engine_version, None),
         ("--block-size", block_size, DEFAULTS["block_size"]), ("--allreduce", allreduce, DEFAULTS["allreduce"]),
-        ("--moe-kernel", moe_kernel, DEFAULTS["moe_kernel"]), ("--kv-cache-dtype", kv_cache_dtype, "auto"),
+        ("--moe-kernel", moe_kernel, DEFAULTS["moe_kernel"]), ("--kv-cache-dtype", kv_cache_dtype, DEFAULTS["kv_cache_dtype"]),
         ("--draft", draft, None),
         ("--draft-vocab-size", draft_vocab_size, None),
         *((f"--{k.replace('_', '-')}", v, None) for k, v in limits.items())) if value != default]

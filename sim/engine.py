@@ -206,9 +206,11 @@ class Replica:
                             self.busy_until = env.now + delay
                             waiting = policy.num_waiting
                             yield env.timeout(delay)
-                            if crossed and policy.num_waiting != waiting:  # arrived in the last step,
-                                # or in the one before (Policy.admits_a_step_late): that many rows
-                                self.steps.set_last_waiting(policy.num_waiting, crossed)
+                            if crossed and policy.num_waiting != waiting:  # arrived in the last step
+                                if crossed == 1:
+                                    self.steps.set_last_waiting(policy.num_waiting)
+                                else:  # in the one before (Policy.admits_a_step_late): both rows
+                                    self.steps.set_last_waiting(policy.num_waiting, 2)
                             if crossed == 2:
                                 policy.arrivals_behind = 0
                             for req in ending:  # they end after the arrival, as stepped

@@ -75,6 +75,13 @@ Llama-3.1-8B rows of AIConfigurator's corpus, docs/accuracy-corpus.md; wheel fro
   ``environ.py`` L177-181). 0.5.6.post2 adds no page to the need or to the reservation (0.5.23
   adds one page per request: with ``page_size`` 1, one token).
 
+7. **Receiving** (``scheduler_recv_interval``, ``--scheduler-recv-interval``; :meth:`SglangPolicy._receive`):
+   a request sent to the server reaches the waiting queue when the scheduler polls its socket,
+   which it does every iteration by default and, above 1, once the weights of the batches it ran
+   since its last poll (a decode 1, a prefill or mixed batch 1000, no batch 1) reach the interval:
+   a request sent during a run of decodes waits for up to that many decode steps. InferenceMAX's
+   B200 DeepSeek-R1 script sets 30 from 16 clients (10 below).
+
 Where cbsim differs, on purpose (none of it changes a run SGLang completes): SGLang aborts a prompt
 within 5 tokens of the context length or the pool (``max_req_input_len``); cbsim rejects only
 prompts of ``max_model_len`` tokens or more, or larger than the pool, and admits a request alone
@@ -214,6 +221,10 @@ class SglangPolicy(Policy):
                                                  "initial ratio × this", float),
         "new_token_ratio_decay_steps": Knob(600, "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS: decode steps "
                                                  "from the initial ratio to the floor", int),
+        "scheduler_recv_interval": Knob(1, "--scheduler-recv-interval: the scheduler takes new requests "
+                                           "in only once its iterations' weights (a decode 1, a prefill "
+                                           "or mixed batch 1000, an idle one 1) reach this; 1: every "
+                                           "iteration (SGLang's default)", int),
         "retract_decode_steps": Knob(20, "SGLANG_RETRACT_DECODE_STEPS: decode tokens reserved per "
                                          "remaining request after a retraction", int),
     }
@@ -248,6 +259,8 @@ class SglangPolicy(Policy):
             raise ValueError(f"sglang max_running_requests must be >= 1, got {k['max_running_requests']}")
         if not 0.0 < float(k["schedule_conservativeness"]):
             raise ValueError(f"sglang schedule_conservativeness must be > 0, got {k['schedule_conservativeness']}")
+        if int(k["scheduler_recv_interval"]) < 1:
+            raise ValueError(f"sglang scheduler_recv_interval must be >= 1, got {k['scheduler_recv_interval']}")
         if int(k["retract_decode_steps"]) < 0:
             raise ValueError(f"sglang retract_decode_steps must be >= 0, got {k['retract_decode_steps']}")
         chunk = k["chunked_prefill_size"]
@@ -276,6 +289,11 @@ class SglangPolicy(Policy):
             self.schedule_policy = "fcfs"
         self.rng = random.Random(0)
         self.waiting: list[Request] = []
+        # sent, not yet received by the scheduler (--scheduler-recv-interval > 1; :meth:`_receive`)
+        self.recv_interval = int(k["scheduler_recv_interval"])
+        self.inbox: list[Request] = []
+        self._recv_counter = 0
+        self._last_kind: str | None = None  # the batch the last iteration ran: prefill, decode or None
         self.running: list[Request] = []  # running_batch.reqs that are still alive, in batch order
         self.zombies: list[Request] = []  # finished in a decode step, not yet filtered out of it
         self.chunked: Request | None = None
@@ -408,7 +426,24 @@ class SglangPolicy(Policy):
                               f"({self.cache.capacity} token slots)")
             return
         req.status = Status.WAITING
-        self.waiting.append(req)
+        (self.inbox if self.recv_interval > 1 else self.waiting).append(req)
+
+    def _receive(self, idle: bool = False) -> None:
+        """``recv_requests`` behind ``SchedulerRecvSkipper`` (sglang ``managers/
+        scheduler_recv_skipper.py``): each iteration adds the weight of the batch the last one ran
+        (``SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_*``: DECODE and TARGET_VERIFY 1, no batch 1, any
+        other mode, a prefill or a mixed batch, 1000) and polls the tokenizer's socket only when the
+        sum reaches ``--scheduler-recv-interval``, then starts over. So during a run of decodes a
+        request sent to the server waits up to that many decode steps before it can be admitted,
+        while after a prefill the next iteration polls. ``idle``: the iteration found nothing to
+        run; SGLang's loop then spins through idle iterations (weight 1 each, microseconds apart)
+        until it polls, so the inbox is taken at once."""
+        self._recv_counter += 1 if self._last_kind != "prefill" else 1000
+        if self._recv_counter >= self.recv_interval or idle:
+            self._recv_counter = 0
+            if self.inbox:
+                self.waiting.extend(self.inbox)
+                self.inbox.clear()
 
     def _reject(self, req: Request, reason: str) -> None:
         req.status = Status.REJECTED
@@ -416,7 +451,7 @@ class SglangPolicy(Policy):
         self._rejected.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.chunked or self._rejected)
+        return bool(self.running or self.waiting or self.chunked or self._rejected or self.inbox)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -425,12 +460,18 @@ class SglangPolicy(Policy):
         self.admission_hits: dict[str, int] = {}
         if self.num_speculative_tokens:
             plan.spec_tokens = []  # filled by a verify batch; a prefill batch verifies no drafts
+        if self.recv_interval > 1:
+            self._receive()
         for _ in range(2):  # an iteration that ran nothing is idle; SGLang's loop tries again at once
             if not self._prefill(plan):
                 self._decode(plan)
             if plan.scheduled:
                 break
             self._idle()
+            if self.recv_interval > 1:
+                self._receive(idle=True)
+        if self.recv_interval > 1:
+            self._last_kind = self._last[0] if plan.scheduled and self._last is not None else None
         if plan.spec_tokens is not None and len(plan.spec_tokens) != len(plan.scheduled):
             plan.spec_tokens = [0] * len(plan.scheduled)
         if self._rejected:
@@ -701,7 +742,7 @@ class SglangPolicy(Policy):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.inbox)
 
     @property
     def max_slots(self) -> int:
@@ -728,12 +769,13 @@ class SglangPolicy(Policy):
         return held, stored
 
     def drain(self) -> list[Request]:
-        out = self.running + ([self.chunked] if self.chunked else []) + self.waiting
+        out = self.running + ([self.chunked] if self.chunked else []) + self.waiting + self.inbox
         for r in list(self._state):
             if r.status is Status.RUNNING:
                 self._release(r, insert=False)
         self._state.clear()
         self.running, self.waiting, self.zombies, self.chunked = [], [], [], None
+        self.inbox = []
         return out
 
     def check_invariants(self) -> None:

@@ -341,9 +341,62 @@ def test_a_lone_request_that_outgrows_the_pool_is_rejected_with_a_reason():
     assert rejected[0].num_output_tokens == 21  # 30 + 20 tokens in KV: the 22nd token has no slot
 
 
+def step_of_admission(pol: SglangPolicy, rid: str, limit: int = 200) -> int:
+    """Steps taken until ``rid`` is in a prefill batch (its prompt scheduled)."""
+    for n in range(1, limit):
+        plan, _ = step(pol)
+        if rid in sched(plan):
+            return n
+    raise AssertionError(f"{rid} never admitted")
+
+
+@pytest.mark.parametrize("interval", [7, 10, 30])
+def test_scheduler_recv_interval_admits_a_request_after_that_many_decodes_since_the_last_poll(interval):
+    # SchedulerRecvSkipper: a decode iteration weighs 1, a prefill 1000; the scheduler polls when the
+    # sum reaches the interval. "a" is prefilled (iteration 1, a poll); its decodes weigh 1 each, so
+    # the polls fall at iterations 2 (after the prefill), 2 + interval, 2 + 2 x interval, ...
+    pol = SglangPolicy(BIG, scheduler_recv_interval=interval)
+    pol.add_request(req("a", (("u", 1), 50), max_tokens=500))
+    assert pol.num_waiting == 1 and not pol.waiting  # sent, not received: the idle loop polls at once
+    step(pol)  # iteration 1: the idle spin polls, "a" prefills
+    step(pol)  # iteration 2: polls (after a prefill), "a" decodes
+    for _ in range(3):
+        step(pol)  # iterations 3-5: decodes
+    pol.add_request(req("b", (("u", 2), 30), seq=1))
+    assert pol.num_waiting == 1 and pol.has_work()
+    polls = [2 + j * interval for j in range(1, 10)]
+    first_poll = next(p for p in polls if p > 5)
+    assert 5 + step_of_admission(pol, "b") == first_poll
+
+
+def test_scheduler_recv_interval_1_is_sglangs_default_every_iteration_polls():
+    pol = SglangPolicy(BIG)
+    assert pol.recv_interval == 1
+    pol.add_request(req("a", (("u", 1), 50), max_tokens=50))
+    step(pol)
+    step(pol)
+    pol.add_request(req("b", (("u", 2), 30), seq=1))
+    assert [r.id for r in pol.waiting] == ["b"]
+    assert step_of_admission(pol, "b") == 1
+
+
+def test_scheduler_recv_interval_polls_after_a_prefill_and_when_idle():
+    pol = SglangPolicy(BIG, scheduler_recv_interval=30)
+    pol.add_request(req("a", (("u", 1), 50), max_tokens=3))
+    step(pol)  # prefill (first token)
+    pol.add_request(req("b", (("u", 2), 30), seq=1))
+    assert step_of_admission(pol, "b") == 1  # the iteration after a prefill weighs 1000: it polls
+    run_until_idle(pol)
+    pol.add_request(req("c", (("u", 3), 30), seq=2))
+    assert step_of_admission(pol, "c") == 1  # an idle engine spins through its polls at once
+    run_until_idle(pol)
+    assert not pol.inbox and not pol.waiting
+
+
 def test_bad_knob_values_name_the_knob():
     for knobs, word in [({"schedule_policy": "lpn"}, "schedule_policy"), ({"page_size": 0}, "page_size"),
-                        ({"max_running_requests": 0}, "max_running_requests")]:
+                        ({"max_running_requests": 0}, "max_running_requests"),
+                        ({"scheduler_recv_interval": 0}, "scheduler_recv_interval")]:
         with pytest.raises(ValueError, match=word):
             make_policy("sglang", BIG, **knobs)
 

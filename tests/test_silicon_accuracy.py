@@ -197,6 +197,19 @@ def test_group_statistics_are_median_and_p90_of_the_absolute_error():
     assert math.isnan(quantile([], 0.5))
 
 
+def test_markdown_prints_each_group_as_a_row_of_the_readmes_corpus_table():
+    from bench.silicon_accuracy import Result, groups, markdown_table
+
+    rs = [Result(f"r{i}", "h200_sxm sglang deepseek-ai/DeepSeek-R1", 1.0, 1.0, ttft_err=e, tpot_err=e / 10)
+          for i, e in enumerate((-0.5, -0.4, 0.1))]
+    rs.append(Result("b", "b200_sxm vllm openai/gpt-oss-120b", 1.0, 1.0, ttft_err=0.25, tpot_err=-0.02))
+    lines = markdown_table(groups(rs)).splitlines()
+    assert lines[0].startswith("| GPU | engine | model | rows |") and len(lines) == 4
+    assert lines[2] == "| B200 | vLLM | gpt-oss-120b | 1 | 25.0 % (25.0 %) | +25.0 % | 2.0 % (2.0 %) | \u22122.0 % |"
+    assert lines[3] == ("| H200 SXM | SGLang | DeepSeek-R1 | 3 | 40.0 % (48.0 %) | \u221240.0 % | "
+                        "4.0 % (4.8 %) | \u22124.0 % |")
+
+
 def test_groups_break_down_by_tp_degree():
     """Issue #29 bounds the errors per TP degree: the layout breakdown keeps each TP's rows apart."""
     from bench.silicon_accuracy import Result, groups
@@ -466,6 +479,19 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
     assert sgl["policies"][0] == {"name": "sglang", "disable_radix_cache": True, "max_running_requests": 256,
                                   "chunked_prefill_size": 32768, "max_prefill_tokens": 32768,
                                   "mem_fraction_static": 0.82}
+    for conc, interval in ((8, 10), (16, 30)):  # dsr1_fp8_b200.sh: polls every 30 iterations from 16 clients
+        b200_sgl = inferencemax_scenario(_row(engine="sglang", policy="sglang", model="deepseek-ai/DeepSeek-R1",
+                                              tp=8, isl=8192, osl=1024, concurrency=conc, system="b200_sxm",
+                                              gpu="b200", config="c.json"), "t", 0.0)
+        assert b200_sgl["policies"][0] == sgl["policies"][0] | {"scheduler_recv_interval": interval}
+        assert b200_sgl["engine"]["kv_cache_dtype"] == "fp8"
+    assert "kv_cache_dtype" not in sgl["engine"]
+    tp4 = inferencemax_scenario(_row(engine="sglang", policy="sglang", model="deepseek-ai/DeepSeek-R1", tp=4,
+                                     isl=8192, osl=1024, concurrency=32, system="b200_sxm", gpu="b200",
+                                     config="c.json"), "t", 0.0)["policies"][0]
+    assert tp4 == {"name": "sglang", "disable_radix_cache": True, "max_running_requests": 32,
+                   "chunked_prefill_size": 8192, "max_prefill_tokens": 8192, "mem_fraction_static": 0.95,
+                   "scheduler_recv_interval": 10}
     trt = inferencemax_scenario(_row(engine="trtllm", policy="trtllm", model="deepseek-ai/DeepSeek-R1", tp=8,
                                      isl=8192, osl=1024, concurrency=256, config="c.json"), "t", 0.0)
     assert trt["engine"]["max_num_batched_tokens"] == (256 + 8192 + 127) // 64 * 64 == 8512
@@ -532,3 +558,30 @@ def test_inferencemax_rows_replay_its_client_by_default_and_other_rows_do_not(mo
         assert "client" not in res.extra and set(res.extra["phases"]) == {"random"}
         assert seen[1]["workload"]["prompt_tokens"] == {"dist": "fixed", "value": row.isl}
         assert (res.sim_ttft_ms, res.sim_tpot_ms) == pytest.approx((100.0, 10.0)) and res.ttft_err == pytest.approx(0.0)
+
+
+def test_an_inferencemax_row_is_priced_as_its_server_ran_when_the_fixed_length_comparison_cannot_run(monkeypatch):
+    # the B200 SGLang DeepSeek-R1 TP 4 rows: weights fit only at the script's --mem-fraction-static 0.95,
+    # so the comparison at the bench's defaults is refused while the row's own replay runs
+    import bench.silicon_accuracy as sa
+    import sim
+    from sim.errors import CbsimError
+
+    seen: list = []
+    _fake_runs(monkeypatch, seen)
+    traced_run = sim.run
+
+    def refuse_fixed(scn):
+        if "trace" not in scn["workload"]:
+            raise CbsimError("KV pool is empty")
+        return traced_run(scn)
+
+    monkeypatch.setattr(sim, "run", refuse_fixed)
+    dated = "source_file=2026-04-06.csv; model=DeepSeek-R1; silicon_concurrency=8"
+    imax = _row(source=dated, isl=8192, osl=1024, concurrency=8, policy="vllm-v1", config="c.json", gpu="h200")
+    res = sa.simulate((imax, "table", 4, 1e-3, ["random"]))
+    assert not res.error and res.extra["fixed_error"] == "KV pool is empty"
+    assert set(res.extra["phases"]) == {"inferencemax"} and res.ttft_err == pytest.approx(-0.5)
+    sa.print_clients([res], "random")  # a row without the comparison is left out of its column
+    other = sa.simulate((_row(source="db-dump/2026-04-27; silicon_concurrency=8"), "table", 4, 1e-3, ["random"]))
+    assert other.error == "KV pool is empty"  # a row priced by the fixed-length loop itself is refused

@@ -749,7 +749,11 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
       32 --chunked-prefill-size 8192 --max-prefill-tokens 8192 --mem-fraction-static 0.95`` and 10.
     * TensorRT-LLM DeepSeek-R1 (dsr1_fp8_h200_trt.sh): ``kv_cache_config: {dtype: fp8,
       free_gpu_memory_fraction: 0.75, enable_block_reuse: false}``, ``--max_num_tokens``
-      max(8192, (CONC + ISL + 127) // 64 * 64); the attention-DP balance the bench already sets."""
+      max(8192, (CONC + ISL + 127) // 64 * 64); the attention-DP balance the bench already sets. The
+      B200 rows of TensorRT-LLM 1.2 (dsr1_fp8_b200_trt.sh): the fraction by lengths and clients, and
+      delay batching (``batch_wait_timeout_iters: 40, batch_wait_max_tokens_ratio: 0.8``) on 1k/1k
+      at 64-255 clients; its MoE backend choice (TRTLLM or DEEPGEMM) and piecewise CUDA graphs are
+      not modelled (docs/models-2026.md)."""
     engine: dict = {}
     knobs: dict = {}
     hardware: dict = {}
@@ -780,6 +784,19 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
         engine = {"kv_cache_dtype": "fp8",
                   "max_num_batched_tokens": max(8192, (row.concurrency + row.isl + 64 + 63) // 64 * 64)}
         knobs = {"free_gpu_memory_fraction": 0.75, "enable_block_reuse": False}
+        if row.system == "b200_sxm" and row.version.startswith("1.2"):
+            # dsr1_fp8_b200_trt.sh since InferenceX PR #594 (TensorRT-LLM 1.2.0rc6.post2): KV fraction
+            # 0.8, 0.7 at 256 clients and more on 1k/1k and 1k/8k, 0.75 at TP 4 on 8k/1k; delay batching
+            # (batch_wait_timeout_iters 40, batch_wait_max_tokens_ratio 0.8) on 1k/1k at 64-255 clients
+            lengths = (row.isl, row.osl)
+            frac = 0.8
+            if lengths in ((1024, 1024), (1024, 8192)) and row.concurrency >= 256:
+                frac = 0.7
+            elif lengths == (8192, 1024) and row.tp == 4:
+                frac = 0.75
+            knobs["free_gpu_memory_fraction"] = frac
+            if lengths == (1024, 1024) and 64 <= row.concurrency < 256:
+                knobs.update(batch_wait_timeout_iters=40, batch_wait_max_tokens_ratio=0.8)
     return engine, knobs, hardware
 
 

@@ -117,10 +117,16 @@ context requests wait until every rank has one (``PyExecutor._balance_adp_reques
 the others' decodes do not each wait out one rank's prefill. :meth:`TrtllmPolicy.propose` and
 :meth:`TrtllmPolicy.hold_contexts` are the two halves the group calls around :meth:`schedule`.
 
+Batch waiting (``batch_wait_timeout_iters``, ``batch_wait_max_tokens_ratio``; off by default, as in
+``TorchLlmArgs``): ``PyExecutor._schedule`` passes an iteration's scheduled context requests through
+``_waiting_requests`` when the iteration also has generation requests and attention DP is off. The
+contexts run only once the iteration's tokens (every scheduled context's whole token count plus one
+per generation request, and its drafts) reach ``ratio × max_num_tokens``, or once they have been held
+``batch_wait_timeout_iters`` iterations in a row; until then only the generation requests run and the
+count grows by one. :meth:`TrtllmPolicy._waiting_requests` is that rule.
+
 Not modelled: ``max_attention_window`` (cyclic KV of sliding windows), beam search, LoRA pages, pipeline-parallel micro-batches (``inflight_request_ids``), host KV offload, the
-overlap scheduler's extra step for a finished request, the batch-waiting knobs of later releases
-(``batch_wait_timeout_iters``, ``batch_wait_max_tokens_ratio``: ``PyExecutor._waiting_requests``,
-off by default).
+overlap scheduler's extra step for a finished request.
 
 KV pool size: sim/hardware/trtllm_kv.py sizes it as TensorRT-LLM does, from
 ``free_gpu_memory_fraction`` of the memory left after weights and the profiling pass.
@@ -260,6 +266,18 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
             "later than without it (True); an idle engine takes a request at once",
             bool,
         ),
+        "batch_wait_timeout_iters": Knob(
+            0,
+            "iterations an iteration's context requests may be held while generation requests run, "
+            "to batch more contexts together (0 with batch_wait_max_tokens_ratio 0: off, the default)",
+            int,
+        ),
+        "batch_wait_max_tokens_ratio": Knob(
+            0.0,
+            "held contexts run once the iteration's context tokens plus its generation requests reach "
+            "this fraction of max_num_tokens (with batch_wait_timeout_iters; 0: off)",
+            float,
+        ),
         "attention_dp_enable_balance": Knob(
             False,
             "attention DP (hardware.data_parallel > 1 on an MoE model): hold a rank's scheduled context "
@@ -332,6 +350,13 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
                 if int(k[key]) < 0:  # AttentionDpConfig.validate_attention_dp_config
                     raise ValueError(f"trtllm {key} must be >= 0 when attention_dp_enable_balance is on, "
                                      f"got {k[key]}")
+        self.wait_iters = int(k["batch_wait_timeout_iters"])
+        self.wait_ratio = float(k["batch_wait_max_tokens_ratio"])
+        if self.wait_iters < 0 or not 0.0 <= self.wait_ratio <= 1.0:  # TorchLlmArgs' validators
+            raise ValueError(f"trtllm batch_wait_timeout_iters must be >= 0 and batch_wait_max_tokens_ratio in "
+                             f"[0, 1], got {self.wait_iters} and {self.wait_ratio}")
+        self.batch_waiting = self.wait_iters > 0 or self.wait_ratio > 0.0
+        self._waited = 0  # batch_wait_iters_count
         self._proposed: tuple[StepPlan, list, list] | None = None  # propose(): the scheduler's output
         # the overlap scheduler (module doc, item 5): requests not yet fetched, with the step they may enter
         self.overlap = not bool(k["disable_overlap_scheduler"])
@@ -706,12 +731,25 @@ class TrtllmPolicy(PagedDecodeStretch, Policy):
         plan, _, gens = self._proposed
         self._proposed = (plan, [], gens)
 
+    def _waiting_requests(self, contexts: list[tuple[Request, int]], gens: list[Request]) -> list[tuple[Request, int]]:
+        """``PyExecutor._waiting_requests``: the contexts run once the iteration's tokens reach
+        ``batch_wait_max_tokens_ratio × max_num_tokens`` or they have waited
+        ``batch_wait_timeout_iters`` iterations; otherwise none runs and the count grows."""
+        tokens = sum(r.num_tokens for r, _ in contexts) + sum(1 + self._drafts(r) for r in gens)
+        if self._waited >= self.wait_iters or tokens >= self.wait_ratio * self.budget:
+            self._waited = 0
+            return contexts
+        self._waited += 1
+        return []
+
     # --- one iteration ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         if self._proposed is None:  # no lockstep group's balance proposed this iteration
             self.propose()
         plan, contexts, gens = self._proposed
         self._proposed = None
+        if self.batch_waiting and contexts and gens and len(self._peers) == 1:  # not under attention DP
+            contexts = self._waiting_requests(contexts, gens)
         kv, B = self.kv, self.B
         for r, n in contexts:
             if r.num_computed_tokens == 0:  # first chunk: reuse, then allocate (add_sequence)

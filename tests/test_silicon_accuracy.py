@@ -497,6 +497,20 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
     assert trt["engine"]["max_num_batched_tokens"] == (256 + 8192 + 127) // 64 * 64 == 8512
     assert trt["engine"]["kv_cache_dtype"] == "fp8"
     assert trt["policies"][0] == {"name": "trtllm", "free_gpu_memory_fraction": 0.75, "enable_block_reuse": False}
+    # dsr1_fp8_b200_trt.sh (TensorRT-LLM 1.2): fraction by lengths and clients, delay batching on 1k/1k at 64-255
+    for (isl, osl, conc, tp), frac, waits in (((1024, 1024, 64, 8), 0.8, True), ((1024, 1024, 256, 8), 0.7, False),
+                                              ((1024, 8192, 128, 8), 0.8, False), ((8192, 1024, 8, 4), 0.75, False)):
+        b200 = inferencemax_scenario(_row(engine="trtllm", policy="trtllm", model="deepseek-ai/DeepSeek-R1",
+                                          version="1.2.0rc6.post3", system="b200_sxm", gpu="b200", tp=tp, isl=isl,
+                                          osl=osl, concurrency=conc, config="c.json"), "t", 0.0)["policies"][0]
+        assert b200["free_gpu_memory_fraction"] == frac
+        assert ("batch_wait_timeout_iters" in b200) == waits
+        if waits:
+            assert (b200["batch_wait_timeout_iters"], b200["batch_wait_max_tokens_ratio"]) == (40, 0.8)
+    old = inferencemax_scenario(_row(engine="trtllm", policy="trtllm", model="deepseek-ai/DeepSeek-R1",
+                                     version="1.1.0rc2.post2", system="b200_sxm", gpu="b200", tp=8, isl=1024,
+                                     osl=1024, concurrency=64, config="c.json"), "t", 0.0)["policies"][0]
+    assert old == trt["policies"][0]  # rows before the script moved to 1.2 keep the H200 script's flags
 
 
 def _fake_runs(monkeypatch, seen):

@@ -329,3 +329,38 @@ def test_under_attention_dp_a_request_for_an_idle_rank_of_a_busy_group_waits_for
             assert not any(p.has_work() for p in ranks)
             ranks[1].add_request(Request("c", 0.0, 8, 1, seq=2))
     assert entered == {"a": 1, "b": 4, "c": 8}
+
+
+# --- batch waiting (PyExecutor._waiting_requests) ---------------------------------------------------
+@pytest.mark.parametrize("timeout", [0, 1, 5, 40])
+def test_batch_waiting_holds_a_context_beside_decodes_for_the_timeout(timeout):
+    """A decodes; B (8 prompt tokens) arrives after step 2. B's context is first scheduled in step 3,
+    and with batch waiting it is held while its 8 tokens + A's 1 stay under 0.8 x 256: step 3 + timeout
+    (the count reaches the timeout after that many held iterations; 0 is off)."""
+    limits = _limits(blocks=200)
+    policy = make_policy("trtllm", limits, tokens_per_block=4, disable_overlap_scheduler=True,
+                         batch_wait_timeout_iters=timeout, batch_wait_max_tokens_ratio=0.8)
+    policy.add_request(Request("a", 0.0, 8, 60, seq=0))
+
+    def arrive(k, in_flight):
+        if k == 2 and not in_flight:
+            policy.add_request(Request("b", 0.0, 8, 4, seq=1))
+
+    assert first_step_of(policy, "b", arrive, steps=60) == 3 + timeout
+
+
+def test_batch_waiting_lets_contexts_run_once_their_tokens_reach_the_ratio_and_never_holds_an_idle_engine():
+    limits = _limits(blocks=400)
+    policy = make_policy("trtllm", limits, tokens_per_block=4, disable_overlap_scheduler=True,
+                         batch_wait_timeout_iters=40, batch_wait_max_tokens_ratio=0.5)
+    policy.add_request(Request("a", 0.0, 8, 60, seq=0))
+    assert first_step_of(policy, "a", lambda k, f: None) == 1  # nothing generates: no waiting
+
+    def arrive(k, in_flight):  # 127 prompt tokens + 1 decode = 128 = 0.5 x 256: runs at once
+        if k == 1 and not in_flight:
+            policy.add_request(Request("b", 0.0, 127, 4, seq=1))
+
+    assert first_step_of(policy, "b", arrive) == 2
+    for knobs in ({"batch_wait_timeout_iters": -1}, {"batch_wait_max_tokens_ratio": 1.5}):
+        with pytest.raises(ValueError, match="batch_wait"):
+            make_policy("trtllm", limits, **knobs)

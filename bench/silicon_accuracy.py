@@ -412,7 +412,7 @@ def classify(rows: list[Row], allreduce: str = ALLREDUCE, moe_kernel: str = MOE_
         row.moe_kernel = moe_kernel_of(row, moe_kernel) if row.moe_path else "database"
         if row.moe_path and row.allreduce != "custom":
             row.skip = (f"all-reduce {row.allreduce}: the MLA / MoE composition (calib/sources/kernel_db_moe.py) "
-                        f"prices the database's custom all-reduce only")
+                        f"prices the experts' dispatch and combine with the database's custom kernels only")
 
 
 def moe_path(spec, row: Row) -> bool:

@@ -81,3 +81,18 @@ def test_the_bench_prices_the_kv_dtype_of_the_launch_script_it_replays():
     assert moe_part(r1.table_key) == (1, False, False) and key_kv(r1.table_key) == "fp8"
     assert table_dir(r1.table_key, "d").name == "trtllm-h200-deepseek-ai--DeepSeek-V3-tp8-fp8-block-dp1-kvfp8"
     assert sgl.table_kv is None and moe_part(sgl.table_key) == (1, False, False) and key_kv(sgl.table_key) is None
+
+
+def test_attention_runs_in_the_kv_caches_precision_not_the_checkpoints():
+    """An FP8 checkpoint (Qwen3-235B-A22B-FP8's quantization_config) with a bf16 KV cache runs bf16
+    attention; unset, AIConfigurator infers FP8 context attention from the checkpoint, a pairing with
+    no rows in SGLang's H200 database (the corpus' 24 SGLang rows of this model were refused for it)."""
+    require_aic()
+    from calib.sources.kernel_db import KernelDb, resolve_model, with_kv_cache_dtype
+
+    src = resolve_model("Qwen/Qwen3-235B-A22B-FP8")
+    db = KernelDb(src, "h200", tp=4, dtype="fp8", engine="sglang")
+    assert db.compile_kwargs()["fmha_quant_mode"] == "bfloat16" == db.compile_kwargs()["kvcache_quant_mode"]
+    assert sum(op.seconds for op in db.prefill_attn_ops(2048, 0).values()) > 0
+    fp8 = KernelDb(with_kv_cache_dtype(src, "fp8"), "h200", tp=4, dtype="fp8", engine="vllm")
+    assert "fmha_quant_mode" not in fp8.compile_kwargs()  # an FP8 cache: the database's own lane (vLLM: bf16)

@@ -354,8 +354,15 @@ class KernelDb:
         :mod:`calib.sources.kernel_db_moe` overrides this for expert- and data-parallel layouts."""
         quant = getattr(self, "fp8_mode", None) or ("fp8" if self.dtype == "fp8" else "bfloat16")
         gemm = "fp8_static" if quant == "fp8" and getattr(self, "fp8_activations", None) == "static" else quant
-        kwargs = {"tp_size": self.tp, "gemm_quant_mode": gemm,
-                  "kvcache_quant_mode": "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"}
+        kv = "fp8" if getattr(self.spec, "kv_cache_dtype", None) == "fp8" else "bfloat16"
+        kwargs = {"tp_size": self.tp, "gemm_quant_mode": gemm, "kvcache_quant_mode": kv}
+        if kv == "bfloat16":
+            # a bf16 KV cache runs bf16 attention (FP8 context attention needs an FP8 cache in TensorRT-LLM,
+            # use_fp8_context_fmha; vLLM quantizes the query only for an FP8 cache). Unset, AIConfigurator
+            # infers FP8 attention from an FP8 checkpoint's quantization_config whatever the cache
+            # (sdk/models/helpers.py), a pairing no engine runs and its databases mostly lack. With an FP8
+            # cache AIConfigurator's own choice stands (vLLM's rows are bf16 attention over FP8 KV)
+            kwargs["fmha_quant_mode"] = "bfloat16"
         if getattr(self.model.spec, "num_experts", 0):
             kwargs.update(moe_quant_mode=quant, moe_tp_size=self.tp, moe_ep_size=1)
         return kwargs

@@ -753,7 +753,10 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
       B200 rows of TensorRT-LLM 1.2 (dsr1_fp8_b200_trt.sh): the fraction by lengths and clients, and
       delay batching (``batch_wait_timeout_iters: 40, batch_wait_max_tokens_ratio: 0.8``) on 1k/1k
       at 64-255 clients; its MoE backend choice (TRTLLM or DEEPGEMM) and piecewise CUDA graphs are
-      not modelled (docs/models-2026.md)."""
+      not modelled (docs/models-2026.md).
+    * TensorRT-LLM Llama-3.1-70B (70b_fp8_h200_trt_slurm.sh, 70b_fp8_b200_trt_slurm.sh): ``kv_cache_config:
+      {dtype: fp8, enable_block_reuse: false}``, on 1k/1k below TP 8 ``batch_wait_max_tokens_ratio: 0.9,
+      batch_wait_timeout_iters: 20``, and on the B200 ``--max_num_tokens 16384``."""
     engine: dict = {}
     knobs: dict = {}
     hardware: dict = {}
@@ -780,6 +783,17 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
             if row.tp < 8:  # its TP 4 branch (8192 x 1024 only, 4-32 clients)
                 knobs.update(max_running_requests=32, chunked_prefill_size=8192, max_prefill_tokens=8192,
                              mem_fraction_static=0.95)
+    elif row.engine == "trtllm" and "llama-3.1-70b" in model:
+        # 70b_fp8_h200_trt_slurm.sh, 70b_fp8_b200_trt_slurm.sh (InferenceMAX's 2025 versions; the rows were
+        # measured 2025-10-29): an FP8 KV cache without block reuse, and on 1k/1k below TP 8 delay batching
+        # (batch_wait_timeout_iters 20, batch_wait_max_tokens_ratio 0.9); --max_num_tokens 16384 on the
+        # B200 (the H200's is the sweep's MAX_MODEL_LEN, not recorded: the bench's budget stays)
+        engine = {"kv_cache_dtype": "fp8"}
+        if row.system == "b200_sxm":
+            engine["max_num_batched_tokens"] = 16384
+        knobs = {"enable_block_reuse": False}
+        if (row.isl, row.osl) == (1024, 1024) and row.tp < 8:
+            knobs.update(batch_wait_timeout_iters=20, batch_wait_max_tokens_ratio=0.9)
     elif row.engine == "trtllm" and "deepseek-r1" in model:
         engine = {"kv_cache_dtype": "fp8",
                   "max_num_batched_tokens": max(8192, (row.concurrency + row.isl + 64 + 63) // 64 * 64)}

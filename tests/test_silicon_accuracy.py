@@ -511,6 +511,16 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
                                      version="1.1.0rc2.post2", system="b200_sxm", gpu="b200", tp=8, isl=1024,
                                      osl=1024, concurrency=64, config="c.json"), "t", 0.0)["policies"][0]
     assert old == trt["policies"][0]  # rows before the script moved to 1.2 keep the H200 script's flags
+    # 70b_fp8_{h200,b200}_trt_slurm.sh: FP8 KV, no block reuse; delay batching on 1k/1k below TP 8
+    for system, tp, isl, waits in (("h200_sxm", 2, 1024, True), ("h200_sxm", 8, 1024, False),
+                                   ("b200_sxm", 4, 8192, False)):
+        sc = inferencemax_scenario(_row(engine="trtllm", policy="trtllm", system=system, tp=tp, isl=isl, osl=1024,
+                                        concurrency=16, config="c.json"), "t", 0.0)
+        knobs = sc["policies"][0]
+        assert knobs["enable_block_reuse"] is False and sc["engine"]["kv_cache_dtype"] == "fp8"
+        assert (knobs.get("batch_wait_timeout_iters"), knobs.get("batch_wait_max_tokens_ratio")) == \
+            ((20, 0.9) if waits else (None, None))
+        assert sc["engine"]["max_num_batched_tokens"] == (16384 if system == "b200_sxm" else max(8192, isl + 16))
 
 
 def _fake_runs(monkeypatch, seen):

@@ -756,7 +756,9 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
       not modelled (docs/models-2026.md).
     * TensorRT-LLM Llama-3.1-70B (70b_fp8_h200_trt_slurm.sh, 70b_fp8_b200_trt_slurm.sh): ``kv_cache_config:
       {dtype: fp8, enable_block_reuse: false}``, on 1k/1k below TP 8 ``batch_wait_max_tokens_ratio: 0.9,
-      batch_wait_timeout_iters: 20``, and on the B200 ``--max_num_tokens 16384``."""
+      batch_wait_timeout_iters: 20``, and on the B200 ``--max_num_tokens 16384``.
+    * TensorRT-LLM gpt-oss on the H200 (gptoss_fp4_h200_trt.sh): ``--max_batch_size CONC --max_num_tokens
+      20000``, ``kv_cache_config: {enable_block_reuse: false, free_gpu_memory_fraction: 0.85}``."""
     engine: dict = {}
     knobs: dict = {}
     hardware: dict = {}
@@ -794,6 +796,14 @@ def inferencemax_server(row: Row) -> tuple[dict, dict, dict]:
         knobs = {"enable_block_reuse": False}
         if (row.isl, row.osl) == (1024, 1024) and row.tp < 8:
             knobs.update(batch_wait_timeout_iters=20, batch_wait_max_tokens_ratio=0.9)
+    elif row.engine == "trtllm" and "gpt-oss" in model and row.system == "h200_sxm":
+        # gptoss_fp4_h200_trt.sh: --max_batch_size CONC --max_num_tokens 20000, kv_cache_config {dtype:
+        # auto, enable_block_reuse: false, free_gpu_memory_fraction: 0.85}. Its moe_config backend TRITON
+        # (OpenAI's triton_kernels matmul_ogs) is what the database's TensorRT-LLM rows already time on
+        # Hopper: AIConfigurator's collector sets moe_backend "triton" for GPT-OSS below SM100
+        # (collector/trtllm/collect_moe.py), so the experts stay priced as they are
+        engine = {"max_num_seqs": row.concurrency, "max_num_batched_tokens": 20000}
+        knobs = {"free_gpu_memory_fraction": 0.85, "enable_block_reuse": False}
     elif row.engine == "trtllm" and "deepseek-r1" in model:
         engine = {"kv_cache_dtype": "fp8",
                   "max_num_batched_tokens": max(8192, (row.concurrency + row.isl + 64 + 63) // 64 * 64)}

@@ -521,6 +521,16 @@ def test_inferencemax_scenario_sends_conc_x_10_drawn_requests_with_the_scripts_s
         assert (knobs.get("batch_wait_timeout_iters"), knobs.get("batch_wait_max_tokens_ratio")) == \
             ((20, 0.9) if waits else (None, None))
         assert sc["engine"]["max_num_batched_tokens"] == (16384 if system == "b200_sxm" else max(8192, isl + 16))
+    # gptoss_fp4_h200_trt.sh: --max_batch_size CONC --max_num_tokens 20000, fraction 0.85, no block reuse;
+    # the B200 rows (another script) keep the bench's budget of max(8192, prompt + clients)
+    oss = inferencemax_scenario(_row(engine="trtllm", policy="trtllm", model="openai/gpt-oss-120b", tp=1, isl=8192,
+                                     osl=1024, concurrency=32, config="c.json"), "t", 0.0)
+    assert (oss["engine"]["max_num_seqs"], oss["engine"]["max_num_batched_tokens"]) == (32, 20000)
+    assert oss["policies"][0] == {"name": "trtllm", "free_gpu_memory_fraction": 0.85, "enable_block_reuse": False}
+    b200_oss = inferencemax_scenario(_row(engine="trtllm", policy="trtllm", model="openai/gpt-oss-120b", tp=1,
+                                          isl=8192, osl=1024, concurrency=32, system="b200_sxm", gpu="b200",
+                                          config="c.json"), "t", 0.0)
+    assert b200_oss["engine"]["max_num_batched_tokens"] == 8192 + 32 and b200_oss["policies"][0] == {"name": "trtllm"}
 
 
 def _fake_runs(monkeypatch, seen):

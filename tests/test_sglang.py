@@ -132,6 +132,30 @@ def test_prefill_runs_first_and_the_decodes_wait():
     assert sched(plan) == {"a": 1, "b": 1}
 
 
+def test_a_decode_batch_after_a_decode_batch_says_its_requests_emitted_in_the_last_step():
+    """StepPlan.num_decodes lets the engine count tokens in bulk without checking each request's
+    run of steps; it may only cover requests that decoded in the step just before: never the
+    first decode after a prefill batch (the running requests did not run in it), nor a batch
+    that follows one with a new request prefilled."""
+    pol = SglangPolicy(BIG)
+    pol.add_request(req("a", (("u", 1), 50), max_tokens=8))
+    plan, _ = step(pol)
+    assert sched(plan) == {"a": 50} and plan.num_decodes == 0
+    plan, _ = step(pol)  # the first decode follows a prefill
+    assert sched(plan) == {"a": 1} and plan.num_decodes == 0
+    plan, _ = step(pol)
+    assert sched(plan) == {"a": 1} and plan.num_decodes == 1
+    pol.add_request(req("b", (("u", 2), 30), max_tokens=3))
+    plan, _ = step(pol)
+    assert sched(plan) == {"b": 30} and plan.num_decodes == 0
+    plan, _ = step(pol)  # a ran no token in b's prefill: its run broke
+    assert sched(plan) == {"a": 1, "b": 1} and plan.num_decodes == 0
+    plan, finished = step(pol)
+    assert plan.num_decodes == 2 and [r.id for r in finished] == ["b"]
+    plan, _ = step(pol)  # b finished in the last decode: a alone decoded in it and goes on
+    assert sched(plan) == {"a": 1} and plan.num_decodes == 1
+
+
 def test_enable_mixed_chunk_runs_the_decodes_inside_the_prefill_batch():
     pol = SglangPolicy(BIG, enable_mixed_chunk=True)
     pol.add_request(req("a", (("u", 1), 50), max_tokens=5))

@@ -108,6 +108,19 @@ def test_decode_skew_charges_the_longest_context(tmp_path):
     assert skewed.price_decodes is None  # fast-forward prices such stretches step by step
 
 
+def test_a_plans_leading_decodes_summed_in_bulk_price_the_same_step(tmp_path):
+    """StepPlan.num_decodes (the leading one-token decodes) takes a bulk path through price(): the
+    same seconds, FLOPs and bytes as the loop over every request, with and without the skew term,
+    for a pure decode batch and for decodes ahead of prefill chunks."""
+    for alpha in (None, 0.5):
+        t = lat(tmp_path / str(alpha), alpha=alpha)
+        for entries, nd in ((((1, 300), (1, 10), (1, 999)), 3), (((1, 300), (1, 700), (64, 0), (1, 5)), 2)):
+            loop, bulk = plan(*entries), plan(*entries)
+            bulk.num_decodes = nd
+            assert t.price(step_shape(bulk), bulk) == t.price(step_shape(loop), loop)
+            assert t.price(step_shape(bulk), bulk)[0] > 0
+
+
 def test_price_decodes_agrees_with_price_step_by_step(tmp_path):
     for asyn in (True, False):
         t = lat(tmp_path / str(asyn), async_scheduling=asyn, cpu_ms=(5.0, 45.0))

@@ -102,9 +102,22 @@ class TableLatency(LatencyModel):
             # that context, each request's KV read once by one batched kernel (the drafts' query
             # rows go through the linear layers above); the table measured no such chunks
             news = plan.num_new_tokens
+            contexts = plan.context
             if plan.spec_tokens is not None:
-                news = [1 if d and c > 0 else n for n, c, d in zip(news, plan.context, plan.spec_tokens)]
-            for n, c in zip(news, plan.context):
+                news = [1 if d and c > 0 else n for n, c, d in zip(news, contexts, plan.spec_tokens)]
+            elif plan.num_decodes:
+                # the leading decodes (one new token on a non-empty context: StepPlan.num_decodes)
+                # summed by builtins, the same integers the loop below adds one at a time
+                nd = plan.num_decodes
+                head = contexts if nd == len(contexts) else contexts[:nd]
+                b += nd
+                ctx += sum(head)
+                longest = max(head)
+                if nd == len(contexts):
+                    news = contexts = ()
+                else:
+                    news, contexts = news[nd:], contexts[nd:]
+            for n, c in zip(news, contexts):
                 if n == 1 and c > 0:
                     b += 1
                     ctx += c

@@ -643,9 +643,9 @@ class SglangPolicy(Policy):
         need = self._decode_need(running)
         if not cache.alloc(need):
             raise AssertionError("sglang: a checked decode did not fit")
-        # plan.add for each request, its three lists extended at once (the batch's hot loop)
         if self._decoded_last and not plan.scheduled:
             plan.num_decodes = len(running)  # every one of them decoded in the last step
+        # plan.add for each request, its three lists extended at once (the batch's hot loop)
         state = self._state
         context = []
         for r in running:
